@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Renders the Envoy bootstrap for one apiserver and its peers (stdlib only).
+
+One Envoy sits in front of each apiserver. It has a `local` cluster (its own apiserver) and one
+`peer-<name>` cluster per peer apiserver, reached directly (not through the peer's Envoy) so a
+forwarded request is never forwarded again. The same .wasm runs twice with the same vm_id: as the
+singleton discovery service (bootstrap extension) and as the HTTP filter.
+
+    python3 envoy/render.py --node a --listen 18441 --admin 19441 \
+        --local 127.0.0.1:16441 --peer b=127.0.0.1:16442 --peer c=127.0.0.1:16443 \
+        --wasm target/wasm32-wasip1/release/kube_peer_proxy.wasm > a.yaml
+"""
+import argparse
+import json
+import sys
+
+ROUTE_HEADER = "x-kube-peer-proxy-cluster"
+VM_ID = "kube-peer-proxy"
+FILTER_ROOT_ID = "kube-peer-proxy"
+DISCOVERY_ROOT_ID = "kube-peer-proxy-discovery"
+# Label names encoded as `;name=value` in our stat names (src/metrics.rs LABELS).
+LABELS = ["code", "group", "version", "resource", "type", "server", "doc"]
+
+# Defaults for the demo and tests; envoy/README.md documents every field.
+DEFAULT_PLUGIN = {
+    "refresh_interval": "2s",
+    "fetch_timeout": "1s",
+    "staleness_limit": "15s",
+    "retry_after_seconds": 1,
+}
+
+
+def plugin_config(node, peers, overrides=None):
+    cfg = {"local_name": node, "local_cluster": "local",
+           "peers": [{"name": name, "cluster": f"peer-{name}"} for name, _, _ in peers],
+           "route_header": ROUTE_HEADER}
+    cfg.update(DEFAULT_PLUGIN)
+    cfg.update(overrides or {})
+    return cfg
+
+
+def _cluster(name, host, port, tls_sni=None):
+    c = {
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
+            {"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}}]}]},
+    }
+    if tls_sni is not None:
+        c["transport_socket"] = {"name": "envoy.transport_sockets.tls", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+            "sni": tls_sni}}
+    return c
+
+
+def _wasm_config(name, root_id, configuration, wasm_path):
+    return {
+        "name": name,
+        "root_id": root_id,
+        "configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue",
+                          "value": configuration},
+        "vm_config": {"vm_id": VM_ID, "runtime": "envoy.wasm.runtime.v8",
+                      "code": {"local": {"filename": wasm_path}}},
+    }
+
+
+def render_bootstrap(*, node, listen_port, admin_port, local, peers, wasm_path, plugin=None,
+                     filter_plugin=None, failure_policy="FAIL_RELOAD", with_filter=True,
+                     upstream_tls_sni=None):
+    """Returns the bootstrap as YAML text (JSON is valid YAML).
+
+    plugin: overrides for the plugin configuration of both the service and the filter;
+    filter_plugin: a raw configuration string for the filter only (tests of config rejection);
+    with_filter=False renders plain Envoy (the control case without the filter).
+    """
+    cfg = json.dumps(plugin_config(node, peers, plugin), separators=(",", ":"))
+    http_filters = []
+    if with_filter:
+        wasm = _wasm_config("kube-peer-proxy", FILTER_ROOT_ID,
+                            filter_plugin if filter_plugin is not None else cfg, wasm_path)
+        wasm["failure_policy"] = failure_policy
+        http_filters.append({"name": "envoy.filters.http.wasm", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm", "config": wasm}})
+    http_filters.append({"name": "envoy.filters.http.router", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}})
+
+    hcm = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "apiserver",
+        "codec_type": "AUTO",
+        # The apiserver sees exactly the path the client sent, as it would without Envoy, so the
+        # filter's RequestInfo and the apiserver's agree (no normalization, no slash merging).
+        "normalize_path": False,
+        "merge_slashes": False,
+        "path_with_escaped_slashes_action": "KEEP_UNCHANGED",
+        # Watches and exec streams are long-lived; the apiserver bounds them itself.
+        "stream_idle_timeout": "0s",
+        "request_timeout": "0s",
+        "upgrade_configs": [{"upgrade_type": "websocket"}, {"upgrade_type": "SPDY/3.1"}],
+        "route_config": {
+            "name": "apiserver",
+            # The routing header is removed from every client request before any filter runs
+            # (no address is "internal" by Envoy 1.40's default), so even a failed-open VM cannot
+            # let a client pick a cluster.
+            "internal_only_headers": [ROUTE_HEADER],
+            "virtual_hosts": [{
+            "name": "apiserver", "domains": ["*"],
+            "routes": [
+                {"match": {"prefix": "/", "headers": [{"name": ROUTE_HEADER, "present_match": True}]},
+                 "route": {"cluster_header": ROUTE_HEADER, "timeout": "0s"}},
+                {"match": {"prefix": "/"}, "route": {"cluster": "local", "timeout": "0s"}},
+            ]}]},
+        "http_filters": http_filters,
+    }
+    local_host, local_port = local
+    clusters = [_cluster("local", local_host, local_port, upstream_tls_sni)]
+    clusters += [_cluster(f"peer-{name}", host, port, upstream_tls_sni) for name, host, port in peers]
+
+    bootstrap = {
+        "node": {"id": f"kube-peer-proxy-{node}", "cluster": "kube-peer-proxy"},
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
+        "stats_config": {"stats_tags": [
+            {"tag_name": label, "regex": f"(;{label}=([^;]*))"} for label in LABELS]},
+        "static_resources": {
+            "listeners": [{
+                "name": "apiserver",
+                "address": {"socket_address": {"address": "127.0.0.1", "port_value": listen_port}},
+                "filter_chains": [{"filters": [{
+                    "name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}],
+            }],
+            "clusters": clusters,
+        },
+    }
+    if with_filter:
+        bootstrap["bootstrap_extensions"] = [{"name": "envoy.bootstrap.wasm", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.wasm.v3.WasmService",
+            "singleton": True,
+            "config": _wasm_config("kube-peer-proxy-discovery", DISCOVERY_ROOT_ID, cfg, wasm_path)}}]
+    return json.dumps(bootstrap, indent=2) + "\n"
+
+
+def _hostport(s):
+    host, _, port = s.rpartition(":")
+    return host, int(port)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--node", required=True)
+    p.add_argument("--listen", type=int, required=True)
+    p.add_argument("--admin", type=int, required=True)
+    p.add_argument("--local", required=True, help="host:port of the local apiserver")
+    p.add_argument("--peer", action="append", default=[], help="name=host:port (repeatable)")
+    p.add_argument("--wasm", required=True)
+    p.add_argument("--plugin-json", default=None, help="JSON object of plugin config overrides")
+    p.add_argument("--upstream-tls-sni", default=None, help="TLS to the apiservers with this SNI")
+    a = p.parse_args(argv)
+    peers = []
+    for spec in a.peer:
+        name, _, hp = spec.partition("=")
+        peers.append((name, *_hostport(hp)))
+    sys.stdout.write(render_bootstrap(
+        node=a.node, listen_port=a.listen, admin_port=a.admin, local=_hostport(a.local), peers=peers,
+        wasm_path=a.wasm, plugin=json.loads(a.plugin_json) if a.plugin_json else None,
+        upstream_tls_sni=a.upstream_tls_sni))
+
+
+if __name__ == "__main__":
+    main()

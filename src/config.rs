@@ -1,0 +1,249 @@
+//! Plugin configuration: JSON parsed with serde, then validated field by field into [`Config`].
+//! Every error names the offending field (e.g. `peers[1].cluster: missing`), because Envoy shows
+//! only our log line when it refuses the filter.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use crate::snapshot::MAX_SERVERS;
+
+/// Root id of the singleton discovery service (the HTTP filter uses any other root id).
+pub const DISCOVERY_ROOT_ID: &str = "kube-peer-proxy-discovery";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    pub name: String,
+    pub cluster: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Name of the local apiserver in metrics and logs.
+    pub local_name: String,
+    /// Envoy cluster of the local apiserver (the route's default cluster).
+    pub local_cluster: String,
+    pub peers: Vec<Peer>,
+    /// Header the route's `cluster_header` reads; clients can never set it.
+    pub route_header: String,
+    pub refresh_interval: Duration,
+    pub fetch_timeout: Duration,
+    /// A server that has not answered discovery for this long is dropped from routing.
+    pub staleness_limit: Duration,
+    pub retry_after_seconds: u32,
+    /// `:authority` of discovery fetches.
+    pub discovery_authority: String,
+    /// Extra headers on discovery fetches (e.g. `authorization` for real apiservers).
+    pub discovery_headers: Vec<(String, String)>,
+    pub max_discovery_bytes: usize,
+    /// Answer aggregated `/apis` and `/api` with the union of all fresh servers.
+    pub merged_discovery: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            local_name: "local".into(),
+            local_cluster: String::new(),
+            peers: Vec::new(),
+            route_header: "x-kube-peer-proxy-cluster".into(),
+            refresh_interval: Duration::from_secs(5),
+            fetch_timeout: Duration::from_secs(2),
+            staleness_limit: Duration::from_secs(30),
+            retry_after_seconds: 1,
+            discovery_authority: "kubernetes.default.svc".into(),
+            discovery_headers: Vec::new(),
+            max_discovery_bytes: 16 << 20,
+            merged_discovery: true,
+        }
+    }
+}
+
+const FIELDS: &[&str] = &[
+    "local_name",
+    "local_cluster",
+    "peers",
+    "route_header",
+    "refresh_interval",
+    "fetch_timeout",
+    "staleness_limit",
+    "retry_after_seconds",
+    "discovery_authority",
+    "discovery_headers",
+    "max_discovery_bytes",
+    "merged_discovery",
+];
+
+impl Config {
+    pub fn parse(bytes: &[u8]) -> Result<Config, String> {
+        let v: Value = serde_json::from_slice(bytes).map_err(|e| format!("configuration: invalid JSON: {e}"))?;
+        let obj = v.as_object().ok_or("configuration: expected a JSON object")?;
+        for k in obj.keys() {
+            if !FIELDS.contains(&k.as_str()) {
+                return Err(format!("{k}: unknown field (known: {})", FIELDS.join(", ")));
+            }
+        }
+        let mut c = Config {
+            local_cluster: string(obj, "local_cluster")?.ok_or("local_cluster: missing")?,
+            ..Config::default()
+        };
+        non_empty("local_cluster", &c.local_cluster)?;
+        if let Some(n) = string(obj, "local_name")? {
+            non_empty("local_name", &n)?;
+            c.local_name = n;
+        }
+        if let Some(h) = string(obj, "route_header")? {
+            if h.is_empty() || h.starts_with(':') || !h.bytes().all(is_header_char) {
+                return Err(format!("route_header: {h:?} is not a valid lower-case header name"));
+            }
+            c.route_header = h;
+        }
+        if let Some(d) = duration(obj, "refresh_interval")? {
+            c.refresh_interval = d;
+        }
+        if let Some(d) = duration(obj, "fetch_timeout")? {
+            c.fetch_timeout = d;
+        }
+        if let Some(d) = duration(obj, "staleness_limit")? {
+            c.staleness_limit = d;
+        }
+        if c.staleness_limit < c.refresh_interval {
+            return Err("staleness_limit: must be at least refresh_interval".into());
+        }
+        if let Some(n) = positive_int(obj, "retry_after_seconds")? {
+            c.retry_after_seconds = u32::try_from(n).map_err(|_| "retry_after_seconds: too large")?;
+        }
+        if let Some(a) = string(obj, "discovery_authority")? {
+            non_empty("discovery_authority", &a)?;
+            c.discovery_authority = a;
+        }
+        if let Some(n) = positive_int(obj, "max_discovery_bytes")? {
+            c.max_discovery_bytes = usize::try_from(n).map_err(|_| "max_discovery_bytes: too large")?;
+        }
+        match obj.get("merged_discovery") {
+            None => {}
+            Some(Value::Bool(b)) => c.merged_discovery = *b,
+            Some(other) => return Err(format!("merged_discovery: expected a boolean, got {}", kind(other))),
+        }
+        if let Some(h) = obj.get("discovery_headers") {
+            let map = h
+                .as_object()
+                .ok_or_else(|| format!("discovery_headers: expected an object, got {}", kind(h)))?;
+            for (k, v) in map {
+                let field = format!("discovery_headers.{k}");
+                let val = v.as_str().ok_or_else(|| format!("{field}: expected a string, got {}", kind(v)))?;
+                if k.is_empty() || k.starts_with(':') || !k.bytes().all(is_header_char) {
+                    return Err(format!("{field}: not a valid lower-case header name"));
+                }
+                c.discovery_headers.push((k.clone(), val.to_string()));
+            }
+        }
+        c.peers = peers(obj, &c)?;
+        Ok(c)
+    }
+
+    /// Every cluster the filter may route to, local first.
+    pub fn clusters(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.local_cluster.as_str()).chain(self.peers.iter().map(|p| p.cluster.as_str()))
+    }
+}
+
+fn peers(obj: &Map<String, Value>, c: &Config) -> Result<Vec<Peer>, String> {
+    let Some(v) = obj.get("peers") else { return Ok(Vec::new()) };
+    let list = v.as_array().ok_or_else(|| format!("peers: expected an array, got {}", kind(v)))?;
+    if list.len() >= MAX_SERVERS {
+        return Err(format!("peers: at most {} peers are supported", MAX_SERVERS - 1));
+    }
+    let mut names: HashSet<String> = HashSet::from([c.local_name.clone()]);
+    let mut clusters: HashSet<String> = HashSet::from([c.local_cluster.clone()]);
+    let mut out = Vec::new();
+    for (i, p) in list.iter().enumerate() {
+        let field = format!("peers[{i}]");
+        let o = p.as_object().ok_or_else(|| format!("{field}: expected an object, got {}", kind(p)))?;
+        for k in o.keys() {
+            if k != "name" && k != "cluster" {
+                return Err(format!("{field}.{k}: unknown field (known: name, cluster)"));
+            }
+        }
+        let name = string(o, "name")
+            .map_err(|e| format!("{field}.{e}"))?
+            .ok_or_else(|| format!("{field}.name: missing"))?;
+        non_empty(&format!("{field}.name"), &name)?;
+        let cluster = string(o, "cluster")
+            .map_err(|e| format!("{field}.{e}"))?
+            .ok_or_else(|| format!("{field}.cluster: missing"))?;
+        non_empty(&format!("{field}.cluster"), &cluster)?;
+        if !names.insert(name.clone()) {
+            return Err(format!("{field}.name: duplicate name {name:?}"));
+        }
+        if !clusters.insert(cluster.clone()) {
+            return Err(format!("{field}.cluster: duplicate cluster {cluster:?}"));
+        }
+        out.push(Peer { name, cluster });
+    }
+    Ok(out)
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn string(obj: &Map<String, Value>, field: &str) -> Result<Option<String>, String> {
+    match obj.get(field) {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(other) => Err(format!("{field}: expected a string, got {}", kind(other))),
+    }
+}
+
+fn non_empty(field: &str, s: &str) -> Result<(), String> {
+    if s.trim().is_empty() {
+        return Err(format!("{field}: must not be empty"));
+    }
+    Ok(())
+}
+
+fn positive_int(obj: &Map<String, Value>, field: &str) -> Result<Option<u64>, String> {
+    match obj.get(field) {
+        None => Ok(None),
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(v) if v > 0 => Ok(Some(v)),
+            _ => Err(format!("{field}: must be a positive integer, got {n}")),
+        },
+        Some(other) => Err(format!("{field}: expected a positive integer, got {}", kind(other))),
+    }
+}
+
+fn duration(obj: &Map<String, Value>, field: &str) -> Result<Option<Duration>, String> {
+    let Some(s) = string(obj, field)? else { return Ok(None) };
+    let d = parse_duration(&s).ok_or_else(|| format!("{field}: {s:?} is not a duration like \"500ms\", \"2s\" or \"1m\""))?;
+    if d.is_zero() {
+        return Err(format!("{field}: must be positive"));
+    }
+    Ok(Some(d))
+}
+
+/// `<digits><unit>` with unit `ms`, `s` or `m`.
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let split = s.find(|c: char| !c.is_ascii_digit())?;
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num.parse().ok()?;
+    match unit {
+        "ms" => Some(Duration::from_millis(n)),
+        "s" => Some(Duration::from_secs(n)),
+        "m" => Some(Duration::from_secs(n.checked_mul(60)?)),
+        _ => None,
+    }
+}
+
+fn is_header_char(b: u8) -> bool {
+    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_' || b == b'.'
+}

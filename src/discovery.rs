@@ -1,0 +1,311 @@
+//! Discovery documents: aggregated discovery (`apidiscovery.k8s.io` v2 and v2beta1) and the legacy
+//! `APIVersions` / `APIGroupList` / `APIResourceList` formats, parsed into one model.
+//!
+//! Field order and `omitempty` rules follow the Go types in `k8s.io/api/apidiscovery/v2`, so a
+//! document we re-serialize (the merged `/apis`) looks like one an apiserver would send.
+
+use serde::{Deserialize, Serialize};
+
+pub const CONTENT_TYPE_V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+
+/// `apidiscovery.k8s.io/v2 APIGroupDiscoveryList` (v2beta1 is field-for-field identical).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct GroupDiscoveryList {
+    #[serde(default)]
+    pub kind: String,
+    #[serde(rename = "apiVersion", default)]
+    pub api_version: String,
+    #[serde(default)]
+    pub metadata: Empty,
+    #[serde(default)]
+    pub items: Vec<GroupDiscovery>,
+}
+
+/// `metadata: {}` on the list; any content is ignored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
+pub struct Empty {}
+
+impl<'de> Deserialize<'de> for Empty {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        serde::de::IgnoredAny::deserialize(d).map(|_| Empty {})
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct GroupDiscovery {
+    #[serde(default)]
+    pub metadata: GroupMeta,
+    #[serde(default)]
+    pub versions: Vec<VersionDiscovery>,
+}
+
+/// Only `name` of the item's ObjectMeta matters (empty for the core group).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct GroupMeta {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct VersionDiscovery {
+    #[serde(default)]
+    pub version: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<ResourceDiscovery>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub freshness: String,
+}
+
+impl VersionDiscovery {
+    /// Stale versions (an aggregated API whose backend is unreachable) are not served.
+    pub fn is_stale(&self) -> bool {
+        self.freshness == "Stale"
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Gvk {
+    #[serde(default)]
+    pub group: String,
+    #[serde(default)]
+    pub version: String,
+    #[serde(default)]
+    pub kind: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ResourceDiscovery {
+    #[serde(default)]
+    pub resource: String,
+    #[serde(rename = "responseKind", default, skip_serializing_if = "Option::is_none")]
+    pub response_kind: Option<Gvk>,
+    #[serde(default)]
+    pub scope: String,
+    #[serde(rename = "singularResource", default)]
+    pub singular_resource: String,
+    #[serde(default)]
+    pub verbs: Vec<String>,
+    #[serde(rename = "shortNames", default, skip_serializing_if = "Vec::is_empty")]
+    pub short_names: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub categories: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subresources: Vec<SubresourceDiscovery>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct SubresourceDiscovery {
+    #[serde(default)]
+    pub subresource: String,
+    #[serde(rename = "responseKind", default, skip_serializing_if = "Option::is_none")]
+    pub response_kind: Option<Gvk>,
+    #[serde(rename = "acceptedTypes", default, skip_serializing_if = "Vec::is_empty")]
+    pub accepted_types: Vec<Gvk>,
+    #[serde(default)]
+    pub verbs: Vec<String>,
+}
+
+/// Legacy `APIVersions` (`GET /api`).
+#[derive(Debug, Deserialize)]
+pub struct ApiVersions {
+    #[serde(default)]
+    pub versions: Vec<String>,
+}
+
+/// Legacy `APIGroupList` (`GET /apis`).
+#[derive(Debug, Deserialize)]
+pub struct ApiGroupList {
+    #[serde(default)]
+    pub groups: Vec<ApiGroup>,
+}
+
+/// Legacy `APIGroup` (`GET /apis/<g>` and items of `APIGroupList`).
+#[derive(Debug, Deserialize)]
+pub struct ApiGroup {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub versions: Vec<GroupVersionForDiscovery>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct GroupVersionForDiscovery {
+    #[serde(default)]
+    pub version: String,
+}
+
+/// Legacy `APIResourceList` (`GET /api/v1`, `GET /apis/<g>/<v>`); subresources are `res/sub`.
+#[derive(Debug, Deserialize)]
+pub struct ApiResourceList {
+    #[serde(default)]
+    pub resources: Vec<ApiResource>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ApiResource {
+    pub name: String,
+    #[serde(rename = "singularName", default)]
+    pub singular_name: String,
+    #[serde(default)]
+    pub namespaced: bool,
+    #[serde(default)]
+    pub group: String,
+    #[serde(default)]
+    pub version: String,
+    #[serde(default)]
+    pub kind: String,
+    #[serde(default)]
+    pub verbs: Vec<String>,
+    #[serde(rename = "shortNames", default)]
+    pub short_names: Vec<String>,
+    #[serde(default)]
+    pub categories: Vec<String>,
+}
+
+/// Why a discovery document was rejected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ParseError {
+    Json(String),
+    WrongKind(String),
+}
+
+impl std::fmt::Display for ParseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ParseError::Json(e) => write!(f, "invalid JSON: {e}"),
+            ParseError::WrongKind(k) => write!(f, "unexpected kind {k:?}"),
+        }
+    }
+}
+
+/// Which document format a response carries, judged like client-go's `ContentTypeIsGVK`:
+/// base `application/json` with `g=apidiscovery.k8s.io` and `as=APIGroupDiscoveryList`.
+pub fn is_aggregated_content_type(content_type: &str) -> bool {
+    let mut parts = content_type.split(';').map(str::trim);
+    let base = parts.next().unwrap_or("");
+    if !base.eq_ignore_ascii_case("application/json") {
+        return false;
+    }
+    let (mut g, mut v, mut as_) = (false, false, false);
+    for p in parts {
+        match p.split_once('=').map(|(k, v)| (k.trim(), v.trim())) {
+            Some(("g", "apidiscovery.k8s.io")) => g = true,
+            Some(("v", "v2" | "v2beta1")) => v = true,
+            Some(("as", "APIGroupDiscoveryList")) => as_ = true,
+            _ => {}
+        }
+    }
+    g && v && as_
+}
+
+/// Parses an aggregated discovery list (v2 or v2beta1).
+pub fn parse_aggregated(body: &[u8]) -> Result<GroupDiscoveryList, ParseError> {
+    let list: GroupDiscoveryList =
+        serde_json::from_slice(body).map_err(|e| ParseError::Json(e.to_string()))?;
+    if list.kind != "APIGroupDiscoveryList" {
+        return Err(ParseError::WrongKind(list.kind));
+    }
+    Ok(list)
+}
+
+pub fn parse_api_versions(body: &[u8]) -> Result<ApiVersions, ParseError> {
+    let v: serde_json::Value = serde_json::from_slice(body).map_err(|e| ParseError::Json(e.to_string()))?;
+    expect_kind(&v, "APIVersions")?;
+    serde_json::from_value(v).map_err(|e| ParseError::Json(e.to_string()))
+}
+
+pub fn parse_group_list(body: &[u8]) -> Result<ApiGroupList, ParseError> {
+    let v: serde_json::Value = serde_json::from_slice(body).map_err(|e| ParseError::Json(e.to_string()))?;
+    expect_kind(&v, "APIGroupList")?;
+    serde_json::from_value(v).map_err(|e| ParseError::Json(e.to_string()))
+}
+
+pub fn parse_group(body: &[u8]) -> Result<ApiGroup, ParseError> {
+    let v: serde_json::Value = serde_json::from_slice(body).map_err(|e| ParseError::Json(e.to_string()))?;
+    expect_kind(&v, "APIGroup")?;
+    serde_json::from_value(v).map_err(|e| ParseError::Json(e.to_string()))
+}
+
+pub fn parse_resource_list(body: &[u8]) -> Result<ApiResourceList, ParseError> {
+    let v: serde_json::Value = serde_json::from_slice(body).map_err(|e| ParseError::Json(e.to_string()))?;
+    expect_kind(&v, "APIResourceList")?;
+    serde_json::from_value(v).map_err(|e| ParseError::Json(e.to_string()))
+}
+
+fn expect_kind(v: &serde_json::Value, kind: &str) -> Result<(), ParseError> {
+    match v.get("kind").and_then(|k| k.as_str()) {
+        Some(k) if k == kind => Ok(()),
+        // The core `/api/v1` golden file has no apiVersion but does have kind; tolerate a missing
+        // kind only when the object has the fields of the expected type.
+        None if v.is_object() => Ok(()),
+        other => Err(ParseError::WrongKind(other.unwrap_or("").to_string())),
+    }
+}
+
+/// Converts a legacy `APIResourceList` of one group version into the aggregated model
+/// (client-go's `SplitGroupsAndResources` in reverse): `res/sub` entries become subresources.
+pub fn version_from_legacy(version: &str, list: &ApiResourceList) -> VersionDiscovery {
+    let mut resources: Vec<ResourceDiscovery> = Vec::new();
+    for r in list.resources.iter().filter(|r| !r.name.contains('/')) {
+        resources.push(ResourceDiscovery {
+            resource: r.name.clone(),
+            response_kind: Some(Gvk {
+                group: r.group.clone(),
+                version: r.version.clone(),
+                kind: r.kind.clone(),
+            }),
+            scope: if r.namespaced { "Namespaced" } else { "Cluster" }.to_string(),
+            singular_resource: r.singular_name.clone(),
+            verbs: r.verbs.clone(),
+            short_names: r.short_names.clone(),
+            categories: r.categories.clone(),
+            subresources: Vec::new(),
+        });
+    }
+    for r in &list.resources {
+        let Some((parent, sub)) = r.name.split_once('/') else { continue };
+        let sub = SubresourceDiscovery {
+            subresource: sub.to_string(),
+            response_kind: Some(Gvk {
+                group: r.group.clone(),
+                version: r.version.clone(),
+                kind: r.kind.clone(),
+            }),
+            accepted_types: Vec::new(),
+            verbs: r.verbs.clone(),
+        };
+        match resources.iter_mut().find(|p| p.resource == parent) {
+            Some(p) => p.subresources.push(sub),
+            // A subresource listed without its parent still tells us the path is served.
+            None => resources.push(ResourceDiscovery {
+                resource: parent.to_string(),
+                subresources: vec![sub],
+                ..Default::default()
+            }),
+        }
+    }
+    VersionDiscovery {
+        version: version.to_string(),
+        resources,
+        freshness: "Current".to_string(),
+    }
+}
+
+/// Serializes a list as an apiserver would send it (`kind`/`apiVersion` set to v2).
+pub fn to_v2_json(items: &[GroupDiscovery]) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Out<'a> {
+        kind: &'static str,
+        #[serde(rename = "apiVersion")]
+        api_version: &'static str,
+        metadata: Empty,
+        items: &'a [GroupDiscovery],
+    }
+    serde_json::to_vec(&Out {
+        kind: "APIGroupDiscoveryList",
+        api_version: "apidiscovery.k8s.io/v2",
+        metadata: Empty {},
+        items,
+    })
+    .unwrap_or_default()
+}

@@ -1,0 +1,146 @@
+//! Peer-aggregated discovery: the union of every fresh server's discovery document, built like
+//! upstream's `peer_aggregated_handler.go` with one deliberate difference: the local server comes
+//! first (its metadata wins on conflicts), then peers sorted by name, so the result does not
+//! depend on the order peers answered in.
+
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+use std::cmp::Reverse;
+
+use crate::discovery::{GroupDiscovery, ResourceDiscovery, VersionDiscovery};
+
+/// Merges group lists given in precedence order (local first).
+pub fn merge_groups(servers: &[&[GroupDiscovery]]) -> Vec<GroupDiscovery> {
+    let mut merged: HashMap<&str, GroupDiscovery> = HashMap::new();
+    let mut orders: Vec<Vec<&str>> = Vec::new();
+    for groups in servers {
+        let mut order = Vec::new();
+        for g in groups.iter() {
+            let name = g.metadata.name.as_str();
+            order.push(name);
+            match merged.get_mut(name) {
+                Some(existing) => merge_group(existing, g),
+                None => {
+                    merged.insert(name, g.clone());
+                }
+            }
+        }
+        orders.push(order);
+    }
+    merge_preserving_relative_order(&orders)
+        .into_iter()
+        .filter_map(|name| merged.remove(name))
+        .collect()
+}
+
+fn merge_group(a: &mut GroupDiscovery, b: &GroupDiscovery) {
+    let a_order: Vec<String> = a.versions.iter().map(|v| v.version.clone()).collect();
+    let b_order: Vec<String> = b.versions.iter().map(|v| v.version.clone()).collect();
+    for bv in &b.versions {
+        match a.versions.iter_mut().find(|v| v.version == bv.version) {
+            Some(av) => merge_version(av, bv),
+            None => a.versions.push(bv.clone()),
+        }
+    }
+    if a_order != b_order {
+        let order = merge_preserving_relative_order(&[borrow(&a_order), borrow(&b_order)]);
+        reorder(&mut a.versions, &order, |v| v.version.as_str());
+    }
+}
+
+fn merge_version(a: &mut VersionDiscovery, b: &VersionDiscovery) {
+    // A version one server serves currently is served, even if another reports it Stale.
+    if a.is_stale() && !b.is_stale() {
+        a.freshness = b.freshness.clone();
+    }
+    let a_order: Vec<String> = a.resources.iter().map(|r| r.resource.clone()).collect();
+    let b_order: Vec<String> = b.resources.iter().map(|r| r.resource.clone()).collect();
+    for br in &b.resources {
+        match a.resources.iter_mut().find(|r| r.resource == br.resource) {
+            Some(ar) if ar == br => {}
+            Some(ar) => merge_resource(ar, br),
+            None => a.resources.push(br.clone()),
+        }
+    }
+    if a_order != b_order {
+        let order = merge_preserving_relative_order(&[borrow(&a_order), borrow(&b_order)]);
+        reorder(&mut a.resources, &order, |r| r.resource.as_str());
+    }
+}
+
+/// Verbs: sorted union. Subresources: union by name (the first server wins), sorted by name.
+/// Everything else comes from the first server, or from the second where the first has nothing.
+fn merge_resource(a: &mut ResourceDiscovery, b: &ResourceDiscovery) {
+    let verbs: BTreeSet<String> = a.verbs.iter().chain(b.verbs.iter()).cloned().collect();
+    a.verbs = verbs.into_iter().collect();
+    let mut subs: BTreeMap<String, crate::discovery::SubresourceDiscovery> = BTreeMap::new();
+    for s in b.subresources.iter().chain(a.subresources.iter()) {
+        subs.insert(s.subresource.clone(), s.clone());
+    }
+    a.subresources = subs.into_values().collect();
+    if a.response_kind.is_none() {
+        a.response_kind = b.response_kind.clone();
+    }
+    if a.scope.is_empty() {
+        a.scope = b.scope.clone();
+    }
+    if a.singular_resource.is_empty() {
+        a.singular_resource = b.singular_resource.clone();
+    }
+    if a.short_names.is_empty() {
+        a.short_names = b.short_names.clone();
+    }
+    if a.categories.is_empty() {
+        a.categories = b.categories.clone();
+    }
+}
+
+fn borrow(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+fn reorder<T>(items: &mut [T], order: &[&str], key: impl Fn(&T) -> &str) {
+    let rank: HashMap<String, usize> = order.iter().enumerate().map(|(i, k)| (k.to_string(), i)).collect();
+    items.sort_by_key(|it| rank.get(key(it)).copied().unwrap_or(usize::MAX));
+}
+
+/// apimachinery `util/sort.MergePreservingRelativeOrder`: if some input list is duplicate-free
+/// and contains every item, it wins (first such list); otherwise a topological sort of the
+/// "comes before" edges with lexicographic tie-break; on a cycle, plain lexicographic order.
+pub fn merge_preserving_relative_order<'a>(lists: &[Vec<&'a str>]) -> Vec<&'a str> {
+    let all: BTreeSet<&'a str> = lists.iter().flatten().copied().collect();
+    for l in lists {
+        let unique: BTreeSet<&str> = l.iter().copied().collect();
+        if unique.len() == l.len() && unique.len() == all.len() {
+            return l.clone();
+        }
+    }
+    let mut indegree: BTreeMap<&'a str, usize> = all.iter().map(|k| (*k, 0)).collect();
+    let mut edges: BTreeMap<&'a str, BTreeSet<&'a str>> = BTreeMap::new();
+    for l in lists {
+        for w in l.windows(2) {
+            if let [from, to] = w {
+                if from != to && edges.entry(from).or_default().insert(to) {
+                    *indegree.entry(to).or_default() += 1;
+                }
+            }
+        }
+    }
+    let mut heap: BinaryHeap<Reverse<&'a str>> =
+        indegree.iter().filter(|(_, d)| **d == 0).map(|(k, _)| Reverse(*k)).collect();
+    let mut out = Vec::with_capacity(all.len());
+    while let Some(Reverse(k)) = heap.pop() {
+        out.push(k);
+        for next in edges.get(k).into_iter().flatten() {
+            if let Some(d) = indegree.get_mut(next) {
+                *d -= 1;
+                if *d == 0 {
+                    heap.push(Reverse(*next));
+                }
+            }
+        }
+    }
+    if out.len() != all.len() {
+        return all.into_iter().collect();
+    }
+    out
+}

@@ -1,0 +1,255 @@
+//! Kubernetes request classification, mirroring apiserver's `RequestInfoFactory.NewRequestInfo`
+//! (k8s.io/apiserver `pkg/endpoints/request/requestinfo.go`, prefixes `api` and `apis`, groupless `api`).
+//!
+//! Only the fields that routing needs are kept. The parser works on borrowed slices of the `:path`
+//! header, never allocates on the hot path beyond the query decoding of `watch`/`fieldSelector`,
+//! and never panics on arbitrary input.
+
+/// What the apiserver's RequestInfo filter would conclude about a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestKind<'a> {
+    /// `/healthz`, `/version`, `/api`, `/apis/<g>/<v>`, ... (see [`NonResource`]).
+    NonResource(NonResource<'a>),
+    /// A request on a resource collection or object.
+    Resource(ResourceRequest<'a>),
+    /// Upstream answers 500 "unable to determine kind and namespace from url" (e.g. `/api/v1/watch`).
+    Invalid,
+}
+
+/// The non-resource paths the proxy cares about; everything else is `Other`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NonResource<'a> {
+    /// `/api` (legacy core discovery root).
+    ApiRoot,
+    /// `/apis` (group list).
+    ApisRoot,
+    /// `/api/<version>` (core group version resource list).
+    CoreVersion(&'a str),
+    /// `/apis/<group>`.
+    Group(&'a str),
+    /// `/apis/<group>/<version>`.
+    GroupVersion(&'a str, &'a str),
+    /// Any other non-resource URL.
+    Other,
+}
+
+/// The routing-relevant part of a resource request's RequestInfo.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResourceRequest<'a> {
+    pub verb: String,
+    /// `""` for the core group.
+    pub group: &'a str,
+    pub version: &'a str,
+    pub namespace: &'a str,
+    pub resource: &'a str,
+    pub name: String,
+    pub subresource: &'a str,
+}
+
+/// Splits `:path` into the path and the raw query (without `?`).
+pub fn split_path(full: &str) -> (&str, &str) {
+    match full.split_once('?') {
+        Some((p, q)) => (p, q),
+        None => (full, ""),
+    }
+}
+
+/// Classifies a request like kube-apiserver does. `method` is the HTTP method (any case).
+pub fn parse<'a>(method: &str, full_path: &'a str) -> RequestKind<'a> {
+    let (path, query) = split_path(full_path);
+    let trimmed = path.trim_matches('/');
+    let parts: Vec<&'a str> = if trimmed.is_empty() {
+        Vec::new()
+    } else {
+        trimmed.split('/').collect()
+    };
+    let mut verb = method.to_ascii_lowercase();
+
+    let prefix = match parts.first() {
+        Some(p @ (&"api" | &"apis")) => *p,
+        _ => return RequestKind::NonResource(NonResource::Other),
+    };
+    if parts.len() < 3 {
+        return RequestKind::NonResource(non_resource_discovery(prefix, &parts));
+    }
+    let mut rest: &[&'a str] = parts.get(1..).unwrap_or(&[]);
+    let mut group = "";
+    if prefix == "apis" {
+        if rest.len() < 3 {
+            return RequestKind::NonResource(non_resource_discovery(prefix, &parts));
+        }
+        group = rest.first().copied().unwrap_or("");
+        rest = rest.get(1..).unwrap_or(&[]);
+    }
+    let version = rest.first().copied().unwrap_or("");
+    rest = rest.get(1..).unwrap_or(&[]);
+
+    match rest.first() {
+        Some(&w @ ("proxy" | "watch")) => {
+            if rest.len() < 2 {
+                return RequestKind::Invalid;
+            }
+            verb = w.to_string();
+            rest = rest.get(1..).unwrap_or(&[]);
+        }
+        _ => {
+            verb = match verb.as_str() {
+                "post" => "create",
+                "get" | "head" => "get",
+                "put" => "update",
+                "patch" => "patch",
+                "delete" => "delete",
+                _ => "",
+            }
+            .to_string();
+        }
+    }
+
+    let mut namespace = "";
+    if rest.first() == Some(&"namespaces") {
+        if let Some(ns) = rest.get(1) {
+            namespace = ns;
+            // `/namespaces/<ns>/<resource>...` addresses a namespaced resource unless the third
+            // part is one of the namespace object's own subresources.
+            if let Some(third) = rest.get(2) {
+                if *third != "status" && *third != "finalize" {
+                    rest = rest.get(2..).unwrap_or(&[]);
+                }
+            }
+        }
+    }
+
+    let resource = rest.first().copied().unwrap_or("");
+    let mut name = rest.get(1).map(|s| s.to_string()).unwrap_or_default();
+    let subresource = if verb == "proxy" {
+        ""
+    } else {
+        rest.get(2).copied().unwrap_or("")
+    };
+
+    if name.is_empty() && verb == "get" {
+        let opts = ListOptions::from_query(query);
+        verb = if opts.watch { "watch" } else { "list" }.to_string();
+        if let Some(n) = opts.field_selector_name {
+            if is_valid_path_segment(&n) {
+                name = n;
+            }
+        }
+    }
+    if name.is_empty() && verb == "delete" {
+        verb = "deletecollection".to_string();
+    }
+
+    RequestKind::Resource(ResourceRequest {
+        verb,
+        group,
+        version,
+        namespace,
+        resource,
+        name,
+        subresource,
+    })
+}
+
+fn non_resource_discovery<'a>(prefix: &str, parts: &[&'a str]) -> NonResource<'a> {
+    match (prefix, parts.len()) {
+        ("api", 1) => NonResource::ApiRoot,
+        ("apis", 1) => NonResource::ApisRoot,
+        ("api", 2) => NonResource::CoreVersion(parts.get(1).copied().unwrap_or("")),
+        ("apis", 2) => NonResource::Group(parts.get(1).copied().unwrap_or("")),
+        ("apis", 3) => NonResource::GroupVersion(
+            parts.get(1).copied().unwrap_or(""),
+            parts.get(2).copied().unwrap_or(""),
+        ),
+        _ => NonResource::Other,
+    }
+}
+
+/// The two list options that change RequestInfo: `watch` and an exact `metadata.name` field selector.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct ListOptions {
+    watch: bool,
+    field_selector_name: Option<String>,
+}
+
+impl ListOptions {
+    fn from_query(query: &str) -> Self {
+        let mut watch: Option<bool> = None;
+        let mut field_selector_name: Option<Option<String>> = None;
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            // Like Go's url.Values.Get, the first occurrence of a key wins.
+            match percent_decode(k).as_str() {
+                "watch" if watch.is_none() => watch = Some(parse_watch_bool(&percent_decode(v))),
+                "fieldSelector" if field_selector_name.is_none() => {
+                    field_selector_name = Some(exact_name_selector(&percent_decode(v)))
+                }
+                _ => {}
+            }
+        }
+        ListOptions {
+            watch: watch.unwrap_or(false),
+            field_selector_name: field_selector_name.flatten(),
+        }
+    }
+}
+
+/// Go's `runtime.Convert_Slice_string_To_bool` as used for `watch`: "0" and "false" (any case)
+/// are false, anything else (including empty) is true.
+fn parse_watch_bool(v: &str) -> bool {
+    !(v == "0" || v.eq_ignore_ascii_case("false"))
+}
+
+/// Returns `x` for a selector that requires `metadata.name=x` or `metadata.name==x`.
+fn exact_name_selector(sel: &str) -> Option<String> {
+    sel.split(',').find_map(|term| {
+        let term = term.trim();
+        let rest = term.strip_prefix("metadata.name")?;
+        let value = rest.strip_prefix("==").or_else(|| rest.strip_prefix('='))?;
+        if value.starts_with('=') {
+            return None;
+        }
+        Some(value.trim().to_string())
+    })
+}
+
+/// apimachinery `path.IsValidPathSegmentName`: not `.`/`..`, no `/` or `%`.
+fn is_valid_path_segment(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('%')
+}
+
+/// Decodes `%XX` and `+` (query semantics). Invalid escapes are kept verbatim.
+pub fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        match b {
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b'%' => {
+                let hex = bytes.get(i + 1..i + 3).and_then(|h| {
+                    let h = std::str::from_utf8(h).ok()?;
+                    u8::from_str_radix(h, 16).ok()
+                });
+                match hex {
+                    Some(v) => {
+                        out.push(v);
+                        i += 3;
+                    }
+                    None => {
+                        out.push(b'%');
+                        i += 1;
+                    }
+                }
+            }
+            _ => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}

@@ -1,0 +1,131 @@
+//! The routing decision, in the order of upstream `peerproxy_handler.go` `WrapHandler` plus the
+//! differences we choose on purpose (503 before the first snapshot instead of a possible false
+//! 404, subresource-aware routing, peer-aggregated `/api`, forwarding per-group discovery).
+
+use crate::accept::{self, DiscoveryChoice};
+use crate::request_info::{self, NonResource, RequestKind};
+use crate::snapshot::{self, Table};
+
+pub const PEER_PROXIED_HEADER: &str = "x-kubernetes-peer-proxied";
+
+/// The request headers the decision reads.
+#[derive(Debug, Clone, Default)]
+pub struct RequestFacts<'a> {
+    pub method: &'a str,
+    pub path: &'a str,
+    pub accept: Option<&'a str>,
+    pub peer_proxied: Option<&'a str>,
+}
+
+/// Which merged discovery document.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MergedDoc {
+    Apis,
+    Api,
+}
+
+/// Labels for the rerouted-request metric (upstream: `code`, `group`, `version`, `resource`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Gvr {
+    pub group: String,
+    pub version: String,
+    pub resource: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Let the request continue to the local apiserver.
+    Local(LocalReason),
+    /// Send to `servers[index]` of the table.
+    Peer { index: usize, gvr: Gvr },
+    /// No snapshot yet: 503 with Retry-After.
+    NotReady,
+    /// Answer with the merged discovery document.
+    Merged(MergedDoc),
+}
+
+/// Why a request stays local (for debug logs and tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalReason {
+    NonResource,
+    AlreadyProxied,
+    Invalid,
+    ServedLocally,
+    NotServedAnywhere,
+    LocalDiscovery,
+}
+
+/// Decides where a request goes. `pick(n)` returns a uniformly random index below `n`.
+pub fn decide(req: &RequestFacts, table: Option<&Table>, merged_discovery: bool, pick: &mut dyn FnMut(usize) -> usize) -> Decision {
+    // Loop prevention first: a forwarded request (or a discovery fetch from a peer's proxy) is
+    // always served by the local apiserver with its own view.
+    if req.peer_proxied.is_some_and(|v| v == "true") {
+        return Decision::Local(LocalReason::AlreadyProxied);
+    }
+    let kind = request_info::parse(req.method, req.path);
+    let is_get = req.method.eq_ignore_ascii_case("GET");
+    let (local_key, fallback_key, gvr) = match &kind {
+        RequestKind::Invalid => return Decision::Local(LocalReason::Invalid),
+        RequestKind::NonResource(nr) => match nr {
+            NonResource::ApisRoot | NonResource::ApiRoot => {
+                if !(is_get && merged_discovery) || accept::negotiate(req.accept) == DiscoveryChoice::Local {
+                    return Decision::Local(LocalReason::LocalDiscovery);
+                }
+                if table.is_none() {
+                    return Decision::NotReady;
+                }
+                let doc = if *nr == NonResource::ApisRoot { MergedDoc::Apis } else { MergedDoc::Api };
+                return Decision::Merged(doc);
+            }
+            NonResource::CoreVersion(v) => (snapshot::version_key("", v), None, gv("", v)),
+            NonResource::Group(g) => (snapshot::group_key(g), None, gv(g, "")),
+            NonResource::GroupVersion(g, v) => (snapshot::version_key(g, v), None, gv(g, v)),
+            NonResource::Other => return Decision::Local(LocalReason::NonResource),
+        },
+        RequestKind::Resource(r) => {
+            let gvr = Gvr {
+                group: r.group.to_string(),
+                version: r.version.to_string(),
+                resource: r.resource.to_string(),
+            };
+            let rkey = snapshot::resource_key(r.group, r.version, r.resource);
+            if r.subresource.is_empty() {
+                (rkey, None, gvr)
+            } else {
+                let skey = snapshot::subresource_key(r.group, r.version, r.resource, r.subresource);
+                (skey, Some(rkey), gvr)
+            }
+        }
+    };
+    let Some(table) = table else { return Decision::NotReady };
+    let local = table.local_mask();
+    let mut candidates = 0u64;
+    for key in std::iter::once(&local_key).chain(fallback_key.as_ref()) {
+        let servers = table.servers_for(key);
+        if servers & local != 0 {
+            return Decision::Local(LocalReason::ServedLocally);
+        }
+        if servers != 0 {
+            candidates = servers;
+            break;
+        }
+    }
+    let count = candidates.count_ones() as usize;
+    if count == 0 {
+        return Decision::Local(LocalReason::NotServedAnywhere);
+    }
+    let nth = pick(count).min(count - 1);
+    let index = (0..64usize)
+        .filter(|i| candidates & (1u64 << i) != 0)
+        .nth(nth)
+        .unwrap_or(0);
+    Decision::Peer { index, gvr }
+}
+
+fn gv(group: &str, version: &str) -> Gvr {
+    Gvr {
+        group: group.to_string(),
+        version: version.to_string(),
+        resource: String::new(),
+    }
+}

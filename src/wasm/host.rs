@@ -1,0 +1,113 @@
+//! The few host calls the adapters need, wrapped so that no host failure or odd input (invalid
+//! UTF-8 in a header, a missing property) can panic the VM.
+
+use std::collections::HashMap;
+use std::time::UNIX_EPOCH;
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::{BufferType, MapType, MetricType};
+
+pub fn now_ms() -> u64 {
+    hostcalls::get_current_time()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// A header value as text; invalid UTF-8 is replaced rather than trusted.
+pub fn header(map: MapType, name: &str) -> Option<String> {
+    match hostcalls::get_map_value_bytes(map, name) {
+        Ok(Some(b)) => Some(String::from_utf8_lossy(&b).into_owned()),
+        _ => None,
+    }
+}
+
+pub fn set_header(map: MapType, name: &str, value: Option<&str>) {
+    if let Err(e) = hostcalls::set_map_value(map, name, value) {
+        log::warn!("setting header {name}: {e:?}");
+    }
+}
+
+pub fn headers(map: MapType) -> Vec<(String, String)> {
+    hostcalls::get_map_bytes(map)
+        .map(|m| {
+            m.into_iter()
+                .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub fn buffer(kind: BufferType, size: usize) -> Vec<u8> {
+    hostcalls::get_buffer(kind, 0, size).ok().flatten().unwrap_or_default()
+}
+
+pub fn property(path: &[&str]) -> Option<String> {
+    hostcalls::get_property(path.to_vec())
+        .ok()
+        .flatten()
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+}
+
+/// Shared data value, or None if absent or unreadable.
+pub fn shared(key: &str) -> Option<Vec<u8>> {
+    hostcalls::get_shared_data(key).ok().and_then(|(v, _)| v)
+}
+
+pub fn set_shared(key: &str, value: &[u8]) -> bool {
+    match hostcalls::set_shared_data(key, Some(value), None) {
+        Ok(()) => true,
+        Err(e) => {
+            log::error!("writing shared data {key}: {e:?}");
+            false
+        }
+    }
+}
+
+/// Metric ids by full (label-encoded) name, defined on first use; define_metric is idempotent
+/// in Envoy, the cache only saves the host call.
+#[derive(Default)]
+pub struct Metrics {
+    ids: HashMap<(MetricKind, String), u32>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MetricKind {
+    Counter,
+    Gauge,
+}
+
+impl Metrics {
+    fn id(&mut self, kind: MetricKind, name: String) -> Option<u32> {
+        if let Some(id) = self.ids.get(&(kind, name.clone())) {
+            return Some(*id);
+        }
+        let t = match kind {
+            MetricKind::Counter => MetricType::Counter,
+            MetricKind::Gauge => MetricType::Gauge,
+        };
+        match hostcalls::define_metric(t, &name) {
+            Ok(id) => {
+                self.ids.insert((kind, name), id);
+                Some(id)
+            }
+            Err(e) => {
+                log::warn!("define_metric {name}: {e:?}");
+                None
+            }
+        }
+    }
+
+    pub fn inc(&mut self, name: String) {
+        if let Some(id) = self.id(MetricKind::Counter, name) {
+            let _ = hostcalls::increment_metric(id, 1);
+        }
+    }
+
+    pub fn set(&mut self, name: String, value: u64) {
+        if let Some(id) = self.id(MetricKind::Gauge, name) {
+            let _ = hostcalls::record_metric(id, value);
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! proxy-wasm entry point. One module, two roles chosen by the plugin's root id: the singleton
+//! discovery service (`kube-peer-proxy-discovery`, an `envoy.bootstrap.wasm` service) and the HTTP
+//! filter (any other root id). Both share data through the same `vm_id`.
+
+mod filter;
+mod host;
+mod service;
+
+use std::rc::Rc;
+
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{ContextType, LogLevel};
+
+use crate::config::{Config, DISCOVERY_ROOT_ID};
+
+proxy_wasm::main! {{
+    proxy_wasm::set_log_level(LogLevel::Info);
+    proxy_wasm::set_root_context(|context_id| -> Box<dyn RootContext> {
+        Box::new(Root { context_id, role: Role::Unconfigured })
+    });
+}}
+
+enum Role {
+    Unconfigured,
+    Filter(Rc<filter::Shared>),
+    Service(Box<service::Service>),
+}
+
+struct Root {
+    context_id: u32,
+    role: Role,
+}
+
+impl Context for Root {
+    fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _trailers: usize) {
+        if let Role::Service(s) = &mut self.role {
+            s.on_http_call_response(token, num_headers, body_size);
+        }
+    }
+}
+
+impl RootContext for Root {
+    fn on_configure(&mut self, _size: usize) -> bool {
+        let raw = proxy_wasm::hostcalls::get_buffer(proxy_wasm::types::BufferType::PluginConfiguration, 0, usize::MAX)
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let config = match Config::parse(&raw) {
+            Ok(c) => c,
+            Err(e) => {
+                // Envoy refuses the filter when on_configure returns false; this line says why.
+                log::error!("kube-peer-proxy: invalid plugin configuration: {e}");
+                return false;
+            }
+        };
+        let root_id = host::property(&["plugin_root_id"]).unwrap_or_default();
+        if root_id == DISCOVERY_ROOT_ID {
+            let svc = service::Service::new(config);
+            if let Err(e) = proxy_wasm::hostcalls::set_tick_period(svc.tick_period()) {
+                log::error!("kube-peer-proxy: cannot start the discovery timer: {e:?}");
+                return false;
+            }
+            log::info!("kube-peer-proxy {} discovery service configured", env!("CARGO_PKG_VERSION"));
+            self.role = Role::Service(Box::new(svc));
+        } else {
+            self.role = Role::Filter(Rc::new(filter::Shared::new(config, self.context_id)));
+        }
+        true
+    }
+
+    fn on_tick(&mut self) {
+        if let Role::Service(s) = &mut self.role {
+            s.on_tick();
+        }
+    }
+
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        match &self.role {
+            Role::Filter(shared) => Some(Box::new(filter::PeerProxy::new(shared.clone()))),
+            _ => None,
+        }
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}

@@ -1,0 +1,129 @@
+//! The singleton discovery service: runs [`Syncer`] on the main thread's timer, dispatches its
+//! fetches, and publishes snapshots to shared data (documents and table first, generation last,
+//! so a filter that sees a new generation finds the matching table).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::{BufferType, MapType};
+
+use super::host::{self, Metrics};
+use crate::config::Config;
+use crate::discovery_sync::{Outcome, Publish, Step, Syncer};
+use crate::metrics;
+use crate::snapshot;
+
+pub struct Service {
+    syncer: Syncer,
+    tick: Duration,
+    tokens: HashMap<u32, u64>,
+    metrics: Metrics,
+    staleness_ms: u64,
+}
+
+impl Service {
+    pub fn new(config: Config) -> Service {
+        // Tick faster than the refresh interval so the first round starts promptly and rounds
+        // start on time; the syncer decides when a round is due.
+        let tick = (config.refresh_interval / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+        Service {
+            syncer: Syncer::new(&config),
+            tick,
+            tokens: HashMap::new(),
+            metrics: Metrics::default(),
+            staleness_ms: u64::try_from(config.staleness_limit.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+
+    pub fn tick_period(&self) -> Duration {
+        self.tick
+    }
+
+    pub fn on_tick(&mut self) {
+        let now = host::now_ms();
+        let step = self.syncer.on_tick(now);
+        self.handle(step, now);
+        self.export_gauges(now);
+    }
+
+    pub fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize) {
+        let Some(id) = self.tokens.remove(&token) else { return };
+        let outcome = if num_headers == 0 {
+            Outcome::NoResponse
+        } else if body_size > self.syncer.max_bytes() {
+            Outcome::Oversized
+        } else {
+            let headers = host::headers(MapType::HttpCallResponseHeaders);
+            let get = |n: &str| headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(n)).map(|(_, v)| v.clone());
+            Outcome::Response {
+                status: get(":status").and_then(|s| s.parse().ok()).unwrap_or(0),
+                content_type: get("content-type").unwrap_or_default(),
+                etag: get("etag"),
+                body: host::buffer(BufferType::HttpCallResponseBody, body_size),
+            }
+        };
+        let now = host::now_ms();
+        let step = self.syncer.on_response(id, outcome, now);
+        self.handle(step, now);
+    }
+
+    fn handle(&mut self, step: Step, now: u64) {
+        let mut pending = vec![step];
+        while let Some(step) = pending.pop() {
+            for e in &step.errors {
+                log::warn!("kube-peer-proxy: discovery from {} failed ({}): {}", e.server, e.kind, e.detail);
+                self.metrics.inc(metrics::name(metrics::SYNC_ERRORS, &[("type", e.kind), ("server", &e.server)]));
+            }
+            if let Some(p) = step.publish {
+                self.publish(&p);
+            }
+            for f in step.fetches {
+                let headers: Vec<(&str, &str)> = f.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                let timeout = Duration::from_millis(self.syncer.fetch_timeout_ms());
+                match hostcalls::dispatch_http_call(&f.cluster, headers, None, vec![], timeout) {
+                    Ok(token) => {
+                        self.tokens.insert(token, f.id);
+                    }
+                    Err(e) => {
+                        log::warn!("kube-peer-proxy: cannot dispatch {} to cluster {}: {e:?}", f.path(), f.cluster);
+                        pending.push(self.syncer.on_response(f.id, Outcome::NoResponse, now));
+                    }
+                }
+            }
+        }
+    }
+
+    fn publish(&mut self, p: &Publish) {
+        let ok = host::set_shared(snapshot::KEY_MERGED_APIS, &p.merged_apis)
+            && host::set_shared(snapshot::KEY_MERGED_API, &p.merged_api)
+            && host::set_shared(snapshot::KEY_TABLE, &p.table.encode())
+            && host::set_shared(snapshot::KEY_GENERATION, p.table.generation.to_string().as_bytes());
+        if ok {
+            let names: Vec<&str> = p.table.servers.iter().map(|s| s.name.as_str()).collect();
+            log::info!(
+                "kube-peer-proxy: published snapshot generation {} ({} keys; fresh servers: {})",
+                p.table.generation,
+                p.table.keys.len(),
+                names.join(", ")
+            );
+            self.metrics.set(metrics::SNAPSHOT_GENERATION.to_string(), p.table.generation);
+        }
+    }
+
+    fn export_gauges(&mut self, now: u64) {
+        if let Some(t) = self.syncer.round_completed_ms() {
+            self.metrics.set(metrics::SNAPSHOT_AGE.to_string(), now.saturating_sub(t) / 1000);
+        }
+        let status: Vec<(String, Option<u64>)> =
+            self.syncer.server_status().map(|(n, t)| (n.to_string(), t)).collect();
+        for (name, last) in status {
+            let fresh = last.is_some_and(|t| now.saturating_sub(t) <= self.staleness_ms);
+            self.metrics.set(metrics::name(metrics::SERVER_FRESH, &[("server", &name)]), u64::from(fresh));
+            if let Some(t) = last {
+                let age = now.saturating_sub(t) / 1000;
+                self.metrics.set(metrics::name(metrics::SERVER_LAST_SUCCESS_AGE, &[("server", &name)]), age);
+            }
+        }
+    }
+}
