@@ -9,6 +9,7 @@ singleton discovery service (bootstrap extension) and as the HTTP filter.
     python3 envoy/render.py --node a --listen 18441 --admin 19441 \
         --local 127.0.0.1:16441 --peer b=127.0.0.1:16442 --peer c=127.0.0.1:16443 \
         --wasm target/wasm32-wasip1/release/kube_peer_proxy.wasm > a.yaml
+    python3 envoy/render.py --demo envoy/demo     # regenerate the committed demo bootstraps
 """
 import argparse
 import json
@@ -140,12 +141,37 @@ def render_bootstrap(*, node, listen_port, admin_port, local, peers, wasm_path, 
     return json.dumps(bootstrap, indent=2) + "\n"
 
 
+# The `make run` demo: apiserver a is old (1.33 API set), b and c are new (1.37-dev set).
+DEMO_WASM = "target/wasm32-wasip1/release/kube_peer_proxy.wasm"
+DEMO_SERVERS = {"a": 16441, "b": 16442, "c": 16443}
+DEMO_ENVOY_PORTS = {"a": (18441, 19441), "b": (18442, 19442), "c": (18443, 19443)}
+
+
+def demo_bootstraps(wasm_path=DEMO_WASM):
+    """The committed envoy/demo/apiserver-<name>.yaml files (wasm path relative to the repo root)."""
+    out = {}
+    for node, (listen, admin) in DEMO_ENVOY_PORTS.items():
+        peers = [(n, "127.0.0.1", p) for n, p in DEMO_SERVERS.items() if n != node]
+        out[f"apiserver-{node}"] = render_bootstrap(
+            node=node, listen_port=listen, admin_port=admin, local=("127.0.0.1", DEMO_SERVERS[node]),
+            peers=peers, wasm_path=wasm_path)
+    return out
+
+
 def _hostport(s):
     host, _, port = s.rpartition(":")
     return host, int(port)
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--demo"]:
+        import pathlib
+        out = pathlib.Path(argv[1] if len(argv) > 1 else "envoy/demo")
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in demo_bootstraps().items():
+            (out / f"{name}.yaml").write_text(text)
+        return
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--node", required=True)
     p.add_argument("--listen", type=int, required=True)

@@ -15,7 +15,9 @@ pub enum DiscoveryChoice {
 }
 
 pub fn negotiate(accept: Option<&str>) -> DiscoveryChoice {
-    let Some(accept) = accept else { return DiscoveryChoice::Local };
+    let Some(accept) = accept else {
+        return DiscoveryChoice::Local;
+    };
     for clause in accept.split(',') {
         let mut parts = clause.split(';').map(str::trim);
         let base = parts.next().unwrap_or("").to_ascii_lowercase();

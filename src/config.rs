@@ -132,7 +132,9 @@ impl Config {
                 .ok_or_else(|| format!("discovery_headers: expected an object, got {}", kind(h)))?;
             for (k, v) in map {
                 let field = format!("discovery_headers.{k}");
-                let val = v.as_str().ok_or_else(|| format!("{field}: expected a string, got {}", kind(v)))?;
+                let val = v
+                    .as_str()
+                    .ok_or_else(|| format!("{field}: expected a string, got {}", kind(v)))?;
                 if k.is_empty() || k.starts_with(':') || !k.bytes().all(is_header_char) {
                     return Err(format!("{field}: not a valid lower-case header name"));
                 }
@@ -150,8 +152,12 @@ impl Config {
 }
 
 fn peers(obj: &Map<String, Value>, c: &Config) -> Result<Vec<Peer>, String> {
-    let Some(v) = obj.get("peers") else { return Ok(Vec::new()) };
-    let list = v.as_array().ok_or_else(|| format!("peers: expected an array, got {}", kind(v)))?;
+    let Some(v) = obj.get("peers") else {
+        return Ok(Vec::new());
+    };
+    let list = v
+        .as_array()
+        .ok_or_else(|| format!("peers: expected an array, got {}", kind(v)))?;
     if list.len() >= MAX_SERVERS {
         return Err(format!("peers: at most {} peers are supported", MAX_SERVERS - 1));
     }
@@ -160,7 +166,9 @@ fn peers(obj: &Map<String, Value>, c: &Config) -> Result<Vec<Peer>, String> {
     let mut out = Vec::new();
     for (i, p) in list.iter().enumerate() {
         let field = format!("peers[{i}]");
-        let o = p.as_object().ok_or_else(|| format!("{field}: expected an object, got {}", kind(p)))?;
+        let o = p
+            .as_object()
+            .ok_or_else(|| format!("{field}: expected an object, got {}", kind(p)))?;
         for k in o.keys() {
             if k != "name" && k != "cluster" {
                 return Err(format!("{field}.{k}: unknown field (known: name, cluster)"));
@@ -224,7 +232,8 @@ fn positive_int(obj: &Map<String, Value>, field: &str) -> Result<Option<u64>, St
 
 fn duration(obj: &Map<String, Value>, field: &str) -> Result<Option<Duration>, String> {
     let Some(s) = string(obj, field)? else { return Ok(None) };
-    let d = parse_duration(&s).ok_or_else(|| format!("{field}: {s:?} is not a duration like \"500ms\", \"2s\" or \"1m\""))?;
+    let d = parse_duration(&s)
+        .ok_or_else(|| format!("{field}: {s:?} is not a duration like \"500ms\", \"2s\" or \"1m\""))?;
     if d.is_zero() {
         return Err(format!("{field}: must be positive"));
     }

@@ -200,8 +200,7 @@ pub fn is_aggregated_content_type(content_type: &str) -> bool {
 
 /// Parses an aggregated discovery list (v2 or v2beta1).
 pub fn parse_aggregated(body: &[u8]) -> Result<GroupDiscoveryList, ParseError> {
-    let list: GroupDiscoveryList =
-        serde_json::from_slice(body).map_err(|e| ParseError::Json(e.to_string()))?;
+    let list: GroupDiscoveryList = serde_json::from_slice(body).map_err(|e| ParseError::Json(e.to_string()))?;
     if list.kind != "APIGroupDiscoveryList" {
         return Err(ParseError::WrongKind(list.kind));
     }
@@ -263,7 +262,9 @@ pub fn version_from_legacy(version: &str, list: &ApiResourceList) -> VersionDisc
         });
     }
     for r in &list.resources {
-        let Some((parent, sub)) = r.name.split_once('/') else { continue };
+        let Some((parent, sub)) = r.name.split_once('/') else {
+            continue;
+        };
         let sub = SubresourceDiscovery {
             subresource: sub.to_string(),
             response_kind: Some(Gvk {

@@ -187,7 +187,9 @@ impl Syncer {
 
     /// Per-server `(name, last success ms)` for metrics.
     pub fn server_status(&self) -> impl Iterator<Item = (&str, Option<u64>)> {
-        self.servers.iter().map(|s| (s.reference.name.as_str(), s.last_success_ms))
+        self.servers
+            .iter()
+            .map(|s| (s.reference.name.as_str(), s.last_success_ms))
     }
 
     /// Called on every timer tick: starts a round when one is due, and ends a round whose
@@ -251,7 +253,9 @@ impl Syncer {
     /// Feeds one answer; returns follow-up fetches, errors, and a snapshot when a round ends.
     pub fn on_response(&mut self, id: u64, outcome: Outcome, now_ms: u64) -> Step {
         let mut step = Step::default();
-        let Some((si, purpose, path)) = self.in_flight.remove(&id) else { return step };
+        let Some((si, purpose, path)) = self.in_flight.remove(&id) else {
+            return step;
+        };
         let name = match self.servers.get(si) {
             Some(s) => s.reference.name.clone(),
             None => return step,
@@ -262,7 +266,11 @@ impl Syncer {
                 if let Some(s) = self.servers.get_mut(si) {
                     s.work.failed = true;
                 }
-                step.errors.push(SyncError { server: name, kind, detail: format!("{path}: {detail}") });
+                step.errors.push(SyncError {
+                    server: name,
+                    kind,
+                    detail: format!("{path}: {detail}"),
+                });
             }
         }
         if let Some(s) = self.servers.get_mut(si) {
@@ -284,7 +292,12 @@ impl Syncer {
         let (status, content_type, etag, body) = match outcome {
             Outcome::NoResponse => return Err(("unreachable", "no response".into())),
             Outcome::Oversized => return Err(("oversized", format!("body larger than {} bytes", self.max_bytes))),
-            Outcome::Response { status, content_type, etag, body } => (status, content_type, etag, body),
+            Outcome::Response {
+                status,
+                content_type,
+                etag,
+                body,
+            } => (status, content_type, etag, body),
         };
         let server = self.servers.get_mut(si).ok_or(("internal", String::new()))?;
         match status {
@@ -379,14 +392,23 @@ impl Syncer {
         self.generation += 1;
         table.generation = self.generation;
         table.built_ms = now_ms;
-        Some(Publish { table, merged_apis, merged_api })
+        Some(Publish {
+            table,
+            merged_apis,
+            merged_api,
+        })
     }
 }
 
 /// Local server first, then peers by name: the merge's precedence and a stable table layout.
 fn ordered(servers: &[Server]) -> Vec<&Server> {
     let mut v: Vec<&Server> = servers.iter().collect();
-    v.sort_by(|a, b| b.reference.local.cmp(&a.reference.local).then(a.reference.name.cmp(&b.reference.name)));
+    v.sort_by(|a, b| {
+        b.reference
+            .local
+            .cmp(&a.reference.local)
+            .then(a.reference.name.cmp(&b.reference.name))
+    });
     v
 }
 
@@ -425,7 +447,9 @@ fn parse_doc(path: &str, content_type: &str, body: &[u8]) -> Result<Doc, String>
     }
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     match segments.as_slice() {
-        ["api"] => Ok(Doc::ApiVersions(discovery::parse_api_versions(body).map_err(e)?.versions)),
+        ["api"] => Ok(Doc::ApiVersions(
+            discovery::parse_api_versions(body).map_err(e)?.versions,
+        )),
         ["apis"] => Ok(Doc::GroupList(
             discovery::parse_group_list(body)
                 .map_err(e)?

@@ -3,8 +3,8 @@
 //! first (its metadata wins on conflicts), then peers sorted by name, so the result does not
 //! depend on the order peers answered in.
 
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 
 use crate::discovery::{GroupDiscovery, ResourceDiscovery, VersionDiscovery};
 
@@ -125,8 +125,11 @@ pub fn merge_preserving_relative_order<'a>(lists: &[Vec<&'a str>]) -> Vec<&'a st
             }
         }
     }
-    let mut heap: BinaryHeap<Reverse<&'a str>> =
-        indegree.iter().filter(|(_, d)| **d == 0).map(|(k, _)| Reverse(*k)).collect();
+    let mut heap: BinaryHeap<Reverse<&'a str>> = indegree
+        .iter()
+        .filter(|(_, d)| **d == 0)
+        .map(|(k, _)| Reverse(*k))
+        .collect();
     let mut out = Vec::with_capacity(all.len());
     while let Some(Reverse(k)) = heap.pop() {
         out.push(k);

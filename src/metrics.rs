@@ -22,7 +22,10 @@ pub fn name(base: &str, labels: &[(&str, &str)]) -> String {
         out.push(';');
         out.push_str(k);
         out.push('=');
-        out.extend(v.chars().map(|c| if c == ';' || c == '=' || c.is_control() { '_' } else { c }));
+        out.extend(
+            v.chars()
+                .map(|c| if c == ';' || c == '=' || c.is_control() { '_' } else { c }),
+        );
     }
     out
 }

@@ -157,10 +157,9 @@ fn non_resource_discovery<'a>(prefix: &str, parts: &[&'a str]) -> NonResource<'a
         ("apis", 1) => NonResource::ApisRoot,
         ("api", 2) => NonResource::CoreVersion(parts.get(1).copied().unwrap_or("")),
         ("apis", 2) => NonResource::Group(parts.get(1).copied().unwrap_or("")),
-        ("apis", 3) => NonResource::GroupVersion(
-            parts.get(1).copied().unwrap_or(""),
-            parts.get(2).copied().unwrap_or(""),
-        ),
+        ("apis", 3) => {
+            NonResource::GroupVersion(parts.get(1).copied().unwrap_or(""), parts.get(2).copied().unwrap_or(""))
+        }
         _ => NonResource::Other,
     }
 }

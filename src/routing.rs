@@ -56,7 +56,12 @@ pub enum LocalReason {
 }
 
 /// Decides where a request goes. `pick(n)` returns a uniformly random index below `n`.
-pub fn decide(req: &RequestFacts, table: Option<&Table>, merged_discovery: bool, pick: &mut dyn FnMut(usize) -> usize) -> Decision {
+pub fn decide(
+    req: &RequestFacts,
+    table: Option<&Table>,
+    merged_discovery: bool,
+    pick: &mut dyn FnMut(usize) -> usize,
+) -> Decision {
     // Loop prevention first: a forwarded request (or a discovery fetch from a peer's proxy) is
     // always served by the local apiserver with its own view.
     if req.peer_proxied.is_some_and(|v| v == "true") {
@@ -74,7 +79,11 @@ pub fn decide(req: &RequestFacts, table: Option<&Table>, merged_discovery: bool,
                 if table.is_none() {
                     return Decision::NotReady;
                 }
-                let doc = if *nr == NonResource::ApisRoot { MergedDoc::Apis } else { MergedDoc::Api };
+                let doc = if *nr == NonResource::ApisRoot {
+                    MergedDoc::Apis
+                } else {
+                    MergedDoc::Api
+                };
                 return Decision::Merged(doc);
             }
             NonResource::CoreVersion(v) => (snapshot::version_key("", v), None, gv("", v)),

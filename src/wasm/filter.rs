@@ -118,10 +118,16 @@ impl PeerProxy {
         };
         let common = [("etag", etag), ("vary", "Accept"), ("cache-control", "public")];
         if host::header(MapType::HttpRequestHeaders, "if-none-match").as_deref() == Some(etag) {
-            self.inc(metrics::name(metrics::MERGED_RESPONSES, &[("doc", label), ("code", "304")]));
+            self.inc(metrics::name(
+                metrics::MERGED_RESPONSES,
+                &[("doc", label), ("code", "304")],
+            ));
             return self.reply(304, common.to_vec(), None);
         }
-        self.inc(metrics::name(metrics::MERGED_RESPONSES, &[("doc", label), ("code", "200")]));
+        self.inc(metrics::name(
+            metrics::MERGED_RESPONSES,
+            &[("doc", label), ("code", "200")],
+        ));
         let body = self.shared.merged(doc);
         let mut headers = common.to_vec();
         headers.push(("content-type", CONTENT_TYPE_V2));
@@ -150,17 +156,26 @@ impl HttpContext for PeerProxy {
             peer_proxied: proxied.as_deref(),
         };
         let table = self.shared.table();
-        let decision = routing::decide(&facts, table.as_deref(), config.merged_discovery, &mut |n| self.shared.pick(n));
+        let decision = routing::decide(&facts, table.as_deref(), config.merged_discovery, &mut |n| {
+            self.shared.pick(n)
+        });
         match decision {
             Decision::Local(reason) => {
                 log::debug!("kube-peer-proxy: {method} {path} stays local ({reason:?})");
                 Action::Continue
             }
             Decision::NotReady => {
-                self.inc(metrics::name(metrics::PROXY_ERRORS, &[("type", "not_ready"), ("group", ""), ("version", ""), ("resource", "")]));
+                self.inc(metrics::name(
+                    metrics::PROXY_ERRORS,
+                    &[("type", "not_ready"), ("group", ""), ("version", ""), ("resource", "")],
+                ));
                 let retry = config.retry_after_seconds.to_string();
                 let body = status::not_ready(config.retry_after_seconds);
-                self.reply(503, vec![("content-type", "application/json"), ("retry-after", &retry)], Some(&body))
+                self.reply(
+                    503,
+                    vec![("content-type", "application/json"), ("retry-after", &retry)],
+                    Some(&body),
+                )
             }
             Decision::Merged(doc) => match table {
                 Some(t) => self.serve_merged(doc, &t),
@@ -175,7 +190,11 @@ impl HttpContext for PeerProxy {
                     log::error!("kube-peer-proxy: snapshot names unknown cluster {}", server.cluster);
                     return Action::Continue;
                 }
-                log::debug!("kube-peer-proxy: {method} {path} -> peer {} ({})", server.name, server.cluster);
+                log::debug!(
+                    "kube-peer-proxy: {method} {path} -> peer {} ({})",
+                    server.name,
+                    server.cluster
+                );
                 host::set_header(req, &config.route_header, Some(&server.cluster));
                 host::set_header(req, PEER_PROXIED_HEADER, Some("true"));
                 // Envoy 1.40 already re-picks the route after a header change; this keeps newer
@@ -188,7 +207,9 @@ impl HttpContext for PeerProxy {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        let Some(gvr) = self.rerouted.take() else { return Action::Continue };
+        let Some(gvr) = self.rerouted.take() else {
+            return Action::Continue;
+        };
         let code = host::header(MapType::HttpResponseHeaders, ":status").unwrap_or_default();
         let labels = [
             ("code", code.as_str()),

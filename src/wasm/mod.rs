@@ -60,7 +60,10 @@ impl RootContext for Root {
                 log::error!("kube-peer-proxy: cannot start the discovery timer: {e:?}");
                 return false;
             }
-            log::info!("kube-peer-proxy {} discovery service configured", env!("CARGO_PKG_VERSION"));
+            log::info!(
+                "kube-peer-proxy {} discovery service configured",
+                env!("CARGO_PKG_VERSION")
+            );
             self.role = Role::Service(Box::new(svc));
         } else {
             self.role = Role::Filter(Rc::new(filter::Shared::new(config, self.context_id)));

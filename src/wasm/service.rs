@@ -55,7 +55,12 @@ impl Service {
             Outcome::Oversized
         } else {
             let headers = host::headers(MapType::HttpCallResponseHeaders);
-            let get = |n: &str| headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(n)).map(|(_, v)| v.clone());
+            let get = |n: &str| {
+                headers
+                    .iter()
+                    .find(|(k, _)| k.eq_ignore_ascii_case(n))
+                    .map(|(_, v)| v.clone())
+            };
             Outcome::Response {
                 status: get(":status").and_then(|s| s.parse().ok()).unwrap_or(0),
                 content_type: get("content-type").unwrap_or_default(),
@@ -72,8 +77,16 @@ impl Service {
         let mut pending = vec![step];
         while let Some(step) = pending.pop() {
             for e in &step.errors {
-                log::warn!("kube-peer-proxy: discovery from {} failed ({}): {}", e.server, e.kind, e.detail);
-                self.metrics.inc(metrics::name(metrics::SYNC_ERRORS, &[("type", e.kind), ("server", &e.server)]));
+                log::warn!(
+                    "kube-peer-proxy: discovery from {} failed ({}): {}",
+                    e.server,
+                    e.kind,
+                    e.detail
+                );
+                self.metrics.inc(metrics::name(
+                    metrics::SYNC_ERRORS,
+                    &[("type", e.kind), ("server", &e.server)],
+                ));
             }
             if let Some(p) = step.publish {
                 self.publish(&p);
@@ -86,7 +99,11 @@ impl Service {
                         self.tokens.insert(token, f.id);
                     }
                     Err(e) => {
-                        log::warn!("kube-peer-proxy: cannot dispatch {} to cluster {}: {e:?}", f.path(), f.cluster);
+                        log::warn!(
+                            "kube-peer-proxy: cannot dispatch {} to cluster {}: {e:?}",
+                            f.path(),
+                            f.cluster
+                        );
                         pending.push(self.syncer.on_response(f.id, Outcome::NoResponse, now));
                     }
                 }
@@ -107,22 +124,29 @@ impl Service {
                 p.table.keys.len(),
                 names.join(", ")
             );
-            self.metrics.set(metrics::SNAPSHOT_GENERATION.to_string(), p.table.generation);
+            self.metrics
+                .set(metrics::SNAPSHOT_GENERATION.to_string(), p.table.generation);
         }
     }
 
     fn export_gauges(&mut self, now: u64) {
         if let Some(t) = self.syncer.round_completed_ms() {
-            self.metrics.set(metrics::SNAPSHOT_AGE.to_string(), now.saturating_sub(t) / 1000);
+            self.metrics
+                .set(metrics::SNAPSHOT_AGE.to_string(), now.saturating_sub(t) / 1000);
         }
-        let status: Vec<(String, Option<u64>)> =
-            self.syncer.server_status().map(|(n, t)| (n.to_string(), t)).collect();
+        let status: Vec<(String, Option<u64>)> = self.syncer.server_status().map(|(n, t)| (n.to_string(), t)).collect();
         for (name, last) in status {
             let fresh = last.is_some_and(|t| now.saturating_sub(t) <= self.staleness_ms);
-            self.metrics.set(metrics::name(metrics::SERVER_FRESH, &[("server", &name)]), u64::from(fresh));
+            self.metrics.set(
+                metrics::name(metrics::SERVER_FRESH, &[("server", &name)]),
+                u64::from(fresh),
+            );
             if let Some(t) = last {
                 let age = now.saturating_sub(t) / 1000;
-                self.metrics.set(metrics::name(metrics::SERVER_LAST_SUCCESS_AGE, &[("server", &name)]), age);
+                self.metrics.set(
+                    metrics::name(metrics::SERVER_LAST_SUCCESS_AGE, &[("server", &name)]),
+                    age,
+                );
             }
         }
     }

@@ -1,0 +1,254 @@
+"""Envoy-in-the-loop: real Envoy (through func-e), the real .wasm, fake apiservers that speak the
+real wire formats. `a` serves the 1.33 API set, `b` and `c` the 1.37-dev set; requests go to a's
+Envoy as they would during an upgrade in which `a` has not been upgraded yet."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+import harness
+from topology import KUBECTL_ACCEPT, NOPEER, V2, Topology, request
+
+NEW_ONLY = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
+OLD_ONLY = "/apis/resource.k8s.io/v1alpha3/namespaces/default/resourceclaims"
+COMMON = "/apis/apps/v1/namespaces/default/deployments"
+NOWHERE = "/apis/nothing.example.com/v1/widgets"
+
+
+@pytest.fixture
+def topo(envoys):
+    t = Topology(envoys)
+    yield t
+    t.close()
+
+
+def served_by(resp) -> str:
+    return resp.headers.get("x-fake-apiserver", "")
+
+
+def test_new_only_resource_is_rerouted_to_a_new_server_with_the_proxied_header(topo):
+    topo.start()
+    seen = set()
+    for _ in range(20):
+        r = topo.get(NEW_ONLY)
+        assert r.status == 200, r
+        assert r.json()["kind"] == "ResourceClaimList"
+        assert r.headers.get("x-fake-peer-proxied") == "true", "peer did not receive x-kubernetes-peer-proxied"
+        seen.add(served_by(r))
+    # Random choice among the fresh peers that serve it: both new servers get traffic.
+    assert seen == {"b", "c"}
+    assert not any(q["path"].startswith(NEW_ONLY) for q in topo.fake_requests(topo.a))
+
+
+def test_locally_served_resource_stays_local_without_the_header(topo):
+    topo.start()
+    for path in (COMMON, OLD_ONLY, "/api/v1/namespaces/default/configmaps"):
+        r = topo.get(path)
+        assert (r.status, served_by(r)) == (200, "a"), (path, r)
+        assert "x-fake-peer-proxied" not in r.headers
+    assert topo.counter("kube_peer_proxy_rerouted_request_total") == 0
+
+
+def test_create_through_reroute_is_visible_to_every_server(topo):
+    topo.start()
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": "claim-1"}, "spec": {}}
+    r = topo.send("POST", NEW_ONLY, claim)
+    assert r.status == 201 and served_by(r) in {"b", "c"}, r
+    r = topo.get(NEW_ONLY + "/claim-1")
+    assert r.status == 200 and r.json()["metadata"]["name"] == "claim-1"
+    r = topo.send("DELETE", NEW_ONLY + "/claim-1")
+    assert r.status == 200 and served_by(r) in {"b", "c"}, r
+    assert topo.get(NEW_ONLY + "/claim-1").status == 404
+
+
+def test_loop_prevention_serves_already_proxied_requests_locally(topo):
+    topo.start()
+    r = topo.get(NEW_ONLY, x_kubernetes_peer_proxied="true")
+    # a does not serve resource.k8s.io/v1: its own (genuine) 404, not a second hop.
+    assert (r.status, served_by(r)) == (404, "a"), r
+    # Any other value is not the loop marker (upstream compares with "true").
+    r = topo.get(NEW_ONLY, x_kubernetes_peer_proxied="yes")
+    assert r.status == 200 and served_by(r) in {"b", "c"}, r
+
+
+def test_resource_nobody_serves_is_a_genuine_404_from_the_local_server(topo):
+    topo.start()
+    r = topo.get(NOWHERE)
+    assert (r.status, served_by(r)) == (404, "a"), r
+    r = topo.get("/apis/apps/v1/namespaces/default/deployments/x/nosuchsub")
+    assert (r.status, served_by(r)) == (404, "a"), r
+
+
+def test_subresource_only_a_peer_serves_is_forwarded_even_though_the_parent_is_local(topo):
+    topo.start()
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p1"}, "spec": {}}
+    r = topo.send("POST", "/api/v1/namespaces/default/pods", pod)
+    assert (r.status, served_by(r)) == (201, "a"), r
+    r = topo.get("/api/v1/namespaces/default/pods/p1/resize")
+    assert r.status == 200 and served_by(r) in {"b", "c"}, r
+    r = topo.get("/api/v1/namespaces/default/pods/p1/status")
+    assert (r.status, served_by(r)) == (200, "a"), r
+
+
+def test_503_with_retry_after_until_the_first_snapshot(topo):
+    # Every server's discovery hangs: no round can finish before the 10 s fetch timeout.
+    for inst in (topo.a, topo.b, topo.c):
+        assert request(f"{inst.url}/__fake/fault", "POST", body=b'{"discovery":"timeout"}').status == 200
+    topo.start(plugin={"fetch_timeout": "10s", "refresh_interval": "1s", "retry_after_seconds": 3},
+               wait_snapshot=False)
+    for path in (NEW_ONLY, COMMON):
+        r = topo.get(path)
+        assert r.status == 503, r
+        assert r.headers.get("retry-after") == "3"
+        status = r.json()
+        assert (status["kind"], status["reason"], status["code"]) == ("Status", "ServiceUnavailable", 503)
+        assert status["details"]["retryAfterSeconds"] == 3
+    r = topo.get("/apis", accept=V2)
+    assert r.status == 503, "merged discovery must not answer from an empty snapshot"
+    assert topo.get("/healthz").status == 200, "non-resource paths are never held back"
+    assert topo.counter("kube_peer_proxy_peer_proxy_errors_total;type=not_ready") >= 3
+    for inst in (topo.a, topo.b, topo.c):
+        request(f"{inst.url}/__fake/fault", "POST", body=b'{"discovery":"ok"}')
+    harness.wait_until(lambda: topo.get(NEW_ONLY).status == 200, 25, message="never routed after recovery")
+
+
+def test_client_supplied_routing_header_cannot_pick_a_cluster(topo):
+    topo.start()
+    for value in ("peer-b", "peer-c", "local", "no-such-cluster"):
+        r = topo.get(COMMON, x_kube_peer_proxy_cluster=value)
+        assert (r.status, served_by(r)) == (200, "a"), (value, r)
+    for q in topo.fake_requests(topo.a):
+        assert "x-kube-peer-proxy-cluster" not in q["headers"]
+    # A rerouted request carries the filter's own choice, never the client's.
+    r = topo.get(NEW_ONLY, x_kube_peer_proxy_cluster="local")
+    assert r.status == 200 and served_by(r) in {"b", "c"}
+
+
+def gvrs(doc) -> set[tuple[str, str, str]]:
+    return {(g["metadata"].get("name", ""), v["version"], r["resource"])
+            for g in doc["items"] for v in g["versions"] for r in v.get("resources", [])
+            if v.get("freshness") != "Stale"}
+
+
+def test_merged_apis_is_the_union_and_nopeer_gets_the_local_view(topo):
+    topo.start()
+    local = request(f"{topo.a.url}/apis", headers={"Accept": V2}).json()
+    new = request(f"{topo.b.url}/apis", headers={"Accept": V2}).json()
+    r = topo.get("/apis", accept=KUBECTL_ACCEPT)
+    assert r.status == 200 and "x-fake-apiserver" not in r.headers, "merged doc is built by the filter"
+    assert r.headers["content-type"] == V2
+    assert r.headers["vary"] == "Accept" and r.headers["cache-control"] == "public"
+    merged = r.json()
+    assert (merged["kind"], merged["apiVersion"]) == ("APIGroupDiscoveryList", "apidiscovery.k8s.io/v2")
+    assert gvrs(merged) == gvrs(local) | gvrs(new)
+    assert ("resource.k8s.io", "v1", "resourceclaims") in gvrs(merged)
+    assert ("resource.k8s.io", "v1alpha3", "resourceclaims") in gvrs(merged)
+
+    r = topo.get("/apis", accept=NOPEER + "," + V2)
+    assert (r.status, served_by(r)) == (200, "a")
+    assert gvrs(r.json()) == gvrs(local)
+    # Legacy discovery is the local server's own.
+    r = topo.get("/apis", accept="application/json")
+    assert (r.status, served_by(r), r.json()["kind"]) == (200, "a", "APIGroupList")
+
+
+def test_merged_api_core_group_includes_a_peer_only_subresource(topo):
+    topo.start()
+    r = topo.get("/api", accept=V2)
+    assert r.status == 200 and r.headers["content-type"] == V2
+    core = r.json()["items"]
+    assert len(core) == 1 and core[0]["metadata"] == {}
+    pods = next(res for res in core[0]["versions"][0]["resources"] if res["resource"] == "pods")
+    assert "resize" in {s["subresource"] for s in pods["subresources"]}
+    local_core = request(f"{topo.a.url}/api", headers={"Accept": V2}).json()["items"][0]
+    local_pods = next(res for res in local_core["versions"][0]["resources"] if res["resource"] == "pods")
+    assert "resize" not in {s["subresource"] for s in local_pods.get("subresources", [])}
+
+
+def test_etag_and_304_on_merged_discovery(topo):
+    topo.start()
+    first = topo.get("/apis", accept=V2)
+    etag = first.headers["etag"]
+    assert re.fullmatch(r'"[0-9A-F]{32}"', etag)
+    again = topo.get("/apis", accept=V2)
+    assert again.headers["etag"] == etag and again.body == first.body
+    r = topo.get("/apis", accept=V2, if_none_match=etag)
+    assert r.status == 304 and r.body == b""
+    assert topo.get("/apis", accept=V2, if_none_match='"stale"').status == 200
+    assert topo.counter("kube_peer_proxy_merged_discovery_responses_total;doc=apis;code=304") == 1
+
+
+def test_group_version_discovery_only_a_peer_serves_is_forwarded(topo):
+    topo.start()
+    r = topo.get("/apis/resource.k8s.io/v1")
+    assert r.status == 200 and served_by(r) in {"b", "c"}, r
+    assert r.json()["kind"] == "APIResourceList"
+    r = topo.get("/apis/resource.k8s.io/v1alpha3")
+    assert (r.status, served_by(r)) == (200, "a"), r
+    r = topo.get("/apis/lifecycle.k8s.io")
+    assert r.status == 200 and served_by(r) in {"b", "c"}, r
+
+
+def test_metrics_move_and_are_labelled_in_prometheus(topo):
+    topo.start()
+    before = topo.counter("kube_peer_proxy_rerouted_request_total")
+    for _ in range(3):
+        assert topo.get(NEW_ONLY).status == 200
+    assert topo.get(NEW_ONLY + "/missing").status == 404
+    assert topo.counter("kube_peer_proxy_rerouted_request_total") == before + 4
+    prom = topo.envoy.prometheus()
+    assert re.search(r'^kube_peer_proxy_rerouted_request_total\{(?=.*code="200")(?=.*group="resource.k8s.io")'
+                     r'(?=.*version="v1")(?=.*resource="resourceclaims").*\} 3$', prom, re.M), prom
+    assert re.search(r'^kube_peer_proxy_rerouted_request_total\{(?=.*code="404").*\} 1$', prom, re.M)
+    assert re.search(r"^kube_peer_proxy_snapshot_generation\{\} [1-9]", prom, re.M)
+    for server in "abc":
+        assert re.search(rf'^kube_peer_proxy_server_fresh\{{server="{server}"\}} 1$', prom, re.M), prom
+
+
+def test_unreachable_peer_counts_a_sync_error_and_is_dropped_after_the_staleness_limit(topo):
+    topo.start(plugin={"staleness_limit": "2s"})
+    topo.b.stop()
+    harness.wait_until(lambda: topo.counter("kube_peer_proxy_discovery_sync_errors_total;type=unavailable;server=b") > 0,
+                       10, message="no sync error counted for the stopped peer")
+    # Once b is stale only c serves the new resources.
+    time.sleep(3)
+    assert {served_by(topo.get(NEW_ONLY)) for _ in range(10)} == {"c"}
+
+
+@pytest.mark.parametrize("bad,field", [
+    ('{"local_cluster":"local","peers":[{"name":"b"}]}', "peers[0].cluster"),
+    ('{"local_cluster":"local","refresh_interval":5}', "refresh_interval"),
+    ('{"local_cluster":"local","bogus":1}', "bogus"),
+    ('{"local_cluster":"local","peers":[{"name":"b","cluster":"peer-b"},{"name":"b","cluster":"peer-c"}]}',
+     "peers[1].name"),
+    ('{"local_cluster":"local","refresh_interval":"0s"}', "refresh_interval"),
+])
+def test_invalid_plugin_config_is_rejected_at_load_with_the_field_named(topo, tmp_path, bad, field):
+    yaml, _, admin = topo.bootstrap(filter_plugin=bad)
+    env = harness.Envoy(yaml, "bad", admin, workdir=tmp_path / "bad")
+    topo.envoys.started.append(env)
+    with pytest.raises(RuntimeError):
+        env.start(timeout=20)
+    log = env.log_text()
+    assert "invalid plugin configuration: " + field in log, log[-3000:]
+    # The same bootstrap with a valid configuration passes validation, so only the filter config broke it.
+    good, _, _ = topo.bootstrap()
+    assert harness.validate_config(good, tmp_path / "v").returncode == 0
+
+
+def test_committed_envoy_configs_validate():
+    import subprocess
+
+    import render
+    for path in sorted((harness.ROOT / "envoy" / "demo").glob("*.yaml")):
+        # Run from the repo root: the demo bootstraps name the .wasm relative to it.
+        r = subprocess.run([str(harness.envoy_binary()), "--mode", "validate", "-c", str(path)],
+                           cwd=harness.ROOT, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, (path, r.stdout[-2000:], r.stderr[-2000:])
+    assert render.demo_bootstraps() == {p.stem: p.read_text() for p in (harness.ROOT / "envoy" / "demo").glob("*.yaml")}, \
+        "envoy/demo is out of date: run `make envoy-configs`"

@@ -1,0 +1,98 @@
+"""The demo topology for tests: fake apiservers a (old, 1.33 API set), b and c (new, 1.37-dev set)
+sharing one store, and real Envoy with the real .wasm in front of a (peers b and c)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import harness
+import render
+from fake_apiserver import Cluster
+
+V2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+NOPEER = V2 + ";profile=nopeer"
+# kubectl/client-go 1.30–1.36 discovery Accept (spec §4.2).
+KUBECTL_ACCEPT = (V2 + ",application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,"
+                  "application/json")
+
+# Plugin settings that make tests quick without racing: a round every 500 ms.
+FAST = {"refresh_interval": "500ms", "fetch_timeout": "1s", "staleness_limit": "5s"}
+
+
+class Response:
+    def __init__(self, status: int, headers: dict[str, str], body: bytes):
+        self.status, self.headers, self.body = status, headers, body
+
+    def json(self):
+        return json.loads(self.body)
+
+    def __repr__(self):
+        return f"<{self.status} {self.headers.get('x-fake-apiserver')} {self.body[:200]!r}>"
+
+
+def request(url: str, method: str = "GET", headers: dict | None = None, body: bytes | None = None,
+            timeout: float = 10.0) -> Response:
+    req = urllib.request.Request(url, method=method, headers=headers or {}, data=body)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return Response(r.status, {k.lower(): v for k, v in r.headers.items()}, r.read())
+    except urllib.error.HTTPError as e:
+        return Response(e.code, {k.lower(): v for k, v in e.headers.items()}, e.read())
+
+
+class Topology:
+    """Fake apiservers plus one Envoy (with the filter) in front of `a`."""
+
+    def __init__(self, envoys):
+        self.envoys = envoys
+        self.cluster = Cluster()
+        self.a = self.cluster.start("a", apiset="old")
+        self.b = self.cluster.start("b", apiset="new")
+        self.c = self.cluster.start("c", apiset="new")
+        self.envoy = None
+        self.port = None
+
+    def bootstrap(self, plugin: dict | None = None, **kwargs) -> tuple[str, int, int]:
+        port, admin = harness.free_port(), harness.free_port()
+        cfg = dict(FAST)
+        cfg.update(plugin or {})
+        yaml = render.render_bootstrap(
+            node="a", listen_port=port, admin_port=admin, local=("127.0.0.1", self.a.port),
+            peers=[("b", "127.0.0.1", self.b.port), ("c", "127.0.0.1", self.c.port)],
+            wasm_path=str(harness.wasm_path()), plugin=cfg, **kwargs)
+        return yaml, port, admin
+
+    def start(self, plugin: dict | None = None, wait_snapshot: bool = True, **kwargs) -> "Topology":
+        yaml, self.port, admin = self.bootstrap(plugin, **kwargs)
+        self.envoy = self.envoys.start(yaml, "a", admin)
+        if wait_snapshot:
+            harness.wait_until(lambda: self.get("/apis", accept=V2).status == 200, 20,
+                               message="no discovery snapshot within 20 s")
+        return self
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def get(self, path: str, accept: str | None = None, **headers) -> Response:
+        h = {k.replace("_", "-"): v for k, v in headers.items()}
+        if accept:
+            h["Accept"] = accept
+        return request(self.url(path), headers=h)
+
+    def send(self, method: str, path: str, obj=None, **headers) -> Response:
+        h = {"Content-Type": "application/json", **{k.replace("_", "-"): v for k, v in headers.items()}}
+        body = json.dumps(obj).encode() if obj is not None else None
+        return request(self.url(path), method=method, headers=h, body=body)
+
+    def fake_requests(self, inst) -> list[dict]:
+        return request(f"{inst.url}/__fake/requests").json()
+
+    def counter(self, prefix: str) -> int:
+        """Sum of Envoy counters whose name starts with `wasmcustom.<prefix>`."""
+        stats = self.envoy.stats()
+        return sum(v for k, v in stats.items() if k.startswith("wasmcustom." + prefix))
+
+    def close(self):
+        self.cluster.stop_all()
