@@ -75,7 +75,9 @@ def render_bootstrap(*, node, listen_port, admin_port, local, peers, wasm_path, 
     filter_plugin: a raw configuration string for the filter only (tests of config rejection);
     with_filter=False renders plain Envoy (the control case without the filter).
     """
-    cfg = json.dumps(plugin_config(node, peers, plugin), separators=(",", ":"))
+    plugin_cfg = plugin_config(node, peers, plugin)
+    retry_after = plugin_cfg.get("retry_after_seconds", 1)
+    cfg = json.dumps(plugin_cfg, separators=(",", ":"))
     http_filters = []
     if with_filter:
         wasm = _wasm_config("kube-peer-proxy", FILTER_ROOT_ID,
@@ -99,6 +101,17 @@ def render_bootstrap(*, node, listen_port, admin_port, local, peers, wasm_path, 
         "stream_idle_timeout": "0s",
         "request_timeout": "0s",
         "upgrade_configs": [{"upgrade_type": "websocket"}, {"upgrade_type": "SPDY/3.1"}],
+        # When Envoy cannot reach an apiserver it answers itself; make that answer what Kubernetes
+        # clients expect (a Status with Retry-After), not plain text.
+        "local_reply_config": {"mappers": [{
+            "filter": {"response_flag_filter": {"flags": ["UF", "UH", "UO", "URX", "UC"]}},
+            "headers_to_add": [{"header": {"key": "retry-after", "value": str(retry_after)},
+                                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
+            "body_format_override": {"json_format": {
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": "%LOCAL_REPLY_BODY%", "reason": "ServiceUnavailable", "code": 503,
+                "details": {"retryAfterSeconds": retry_after}}},
+        }]},
         "route_config": {
             "name": "apiserver",
             # The routing header is removed from every client request before any filter runs

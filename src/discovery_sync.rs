@@ -97,6 +97,8 @@ enum Doc {
 struct Work {
     pending: usize,
     failed: bool,
+    /// A fetch could not reach the server at all (as opposed to a bad answer).
+    unreachable: bool,
     core: Vec<GroupDiscovery>,
     core_versions: Vec<Option<VersionDiscovery>>,
     groups: Vec<GroupDiscovery>,
@@ -108,6 +110,8 @@ struct Server {
     reference: ServerRef,
     data: Option<ServerDiscovery>,
     last_success_ms: Option<u64>,
+    /// Whether the server answered its last finished round (even with an unusable document).
+    reachable: bool,
     cache: HashMap<String, (String, Doc)>,
     work: Work,
 }
@@ -148,6 +152,7 @@ impl Syncer {
                     reference,
                     data: None,
                     last_success_ms: None,
+                    reachable: true,
                     cache: HashMap::new(),
                     work: Work::default(),
                 })
@@ -190,6 +195,15 @@ impl Syncer {
         self.servers
             .iter()
             .map(|s| (s.reference.name.as_str(), s.last_success_ms))
+    }
+
+    /// `(cluster, last success ms)` of servers that answered their last round: a passive "down"
+    /// mark older than that success is obsolete.
+    pub fn answering_clusters(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.servers
+            .iter()
+            .filter(|s| s.reachable)
+            .filter_map(|s| Some((s.reference.cluster.as_str(), s.last_success_ms?)))
     }
 
     /// Called on every timer tick: starts a round when one is due, and ends a round whose
@@ -265,6 +279,7 @@ impl Syncer {
             Err((kind, detail)) => {
                 if let Some(s) = self.servers.get_mut(si) {
                     s.work.failed = true;
+                    s.work.unreachable |= matches!(kind, "unreachable" | "unavailable" | "timeout");
                 }
                 step.errors.push(SyncError {
                     server: name,
@@ -382,6 +397,12 @@ impl Syncer {
         let merged_apis = discovery::to_v2_json(&merge::merge_groups(&apis));
         let merged_api = discovery::to_v2_json(&merge::merge_groups(&api));
         let mut table = Table::build(&fresh);
+        for (i, (r, _)) in fresh.iter().enumerate().take(snapshot::MAX_SERVERS) {
+            let reachable = self.servers.iter().any(|s| s.reference.name == r.name && s.reachable);
+            if !reachable {
+                table.unhealthy |= 1u64 << i;
+            }
+        }
         table.apis_etag = snapshot::etag(&merged_apis);
         table.api_etag = snapshot::etag(&merged_api);
         let fingerprint = table.encode();
@@ -414,6 +435,7 @@ fn ordered(servers: &[Server]) -> Vec<&Server> {
 
 fn finish_server(s: &mut Server, now_ms: u64) {
     let w = std::mem::take(&mut s.work);
+    s.reachable = !w.unreachable;
     if w.failed {
         return;
     }

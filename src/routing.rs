@@ -40,6 +40,8 @@ pub enum Decision {
     Peer { index: usize, gvr: Gvr },
     /// No snapshot yet: 503 with Retry-After.
     NotReady,
+    /// Only unreachable peers serve it: 503 with Retry-After rather than a false 404.
+    Unavailable { gvr: Gvr },
     /// Answer with the merged discovery document.
     Merged(MergedDoc),
 }
@@ -61,6 +63,18 @@ pub fn decide(
     table: Option<&Table>,
     merged_discovery: bool,
     pick: &mut dyn FnMut(usize) -> usize,
+) -> Decision {
+    decide_with(req, table, merged_discovery, pick, &mut |_| false)
+}
+
+/// [`decide`] with passive health: `is_down(i)` says whether a request to `servers[i]` just failed
+/// to connect. It is asked only about peers that serve the request, so the common paths cost nothing.
+pub fn decide_with(
+    req: &RequestFacts,
+    table: Option<&Table>,
+    merged_discovery: bool,
+    pick: &mut dyn FnMut(usize) -> usize,
+    is_down: &mut dyn FnMut(usize) -> bool,
 ) -> Decision {
     // Loop prevention first: a forwarded request (or a discovery fetch from a peer's proxy) is
     // always served by the local apiserver with its own view.
@@ -119,16 +133,20 @@ pub fn decide(
             break;
         }
     }
-    let count = candidates.count_ones() as usize;
-    if count == 0 {
+    if candidates == 0 {
         return Decision::Local(LocalReason::NotServedAnywhere);
     }
-    let nth = pick(count).min(count - 1);
-    let index = (0..64usize)
-        .filter(|i| candidates & (1u64 << i) != 0)
-        .nth(nth)
-        .unwrap_or(0);
+    let healthy: Vec<usize> = bits(candidates & !table.unhealthy).filter(|i| !is_down(*i)).collect();
+    if healthy.is_empty() {
+        return Decision::Unavailable { gvr };
+    }
+    let nth = pick(healthy.len()).min(healthy.len() - 1);
+    let index = healthy.get(nth).copied().unwrap_or(0);
     Decision::Peer { index, gvr }
+}
+
+fn bits(mask: u64) -> impl Iterator<Item = usize> {
+    (0..64usize).filter(move |i| mask & (1u64 << i) != 0)
 }
 
 fn gv(group: &str, version: &str) -> Gvr {

@@ -16,6 +16,12 @@ pub const KEY_TABLE: &str = "kube-peer-proxy.v1/table";
 pub const KEY_MERGED_APIS: &str = "kube-peer-proxy.v1/merged/apis";
 pub const KEY_MERGED_API: &str = "kube-peer-proxy.v1/merged/api";
 
+/// Passive health: a filter that could not connect to a peer's cluster writes the time (ms) here;
+/// the discovery service clears it (writes `0`) when that peer answers a discovery round again.
+pub fn down_key(cluster: &str) -> String {
+    format!("kube-peer-proxy.v1/down/{cluster}")
+}
+
 /// At most this many servers fit in a table (one bit each).
 pub const MAX_SERVERS: usize = 64;
 
@@ -44,6 +50,10 @@ pub struct Table {
     pub servers: Vec<ServerRef>,
     /// Key (see [`resource_key`] and friends) → bit set of server indices.
     pub keys: HashMap<String, u64>,
+    /// Servers (bit set) whose last discovery fetch could not reach them: still known to serve
+    /// their resources (so those are never a false 404), but not routed to.
+    #[serde(default)]
+    pub unhealthy: u64,
     pub apis_etag: String,
     pub api_etag: String,
 }
@@ -90,6 +100,7 @@ impl Table {
             built_ms: 0,
             servers: servers.iter().take(MAX_SERVERS).map(|(s, _)| s.clone()).collect(),
             keys: keys.into_iter().collect(),
+            unhealthy: 0,
             apis_etag: String::new(),
             api_etag: String::new(),
         }
@@ -117,6 +128,7 @@ impl Table {
             built_ms: u64,
             servers: &'a [ServerRef],
             keys: BTreeMap<&'a str, u64>,
+            unhealthy: u64,
             apis_etag: &'a str,
             api_etag: &'a str,
         }
@@ -125,6 +137,7 @@ impl Table {
             built_ms: self.built_ms,
             servers: &self.servers,
             keys: self.keys.iter().map(|(k, v)| (k.as_str(), *v)).collect(),
+            unhealthy: self.unhealthy,
             apis_etag: &self.apis_etag,
             api_etag: &self.api_etag,
         })

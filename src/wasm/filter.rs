@@ -90,14 +90,29 @@ impl Shared {
     }
 }
 
+/// Whether a filter recently failed to connect to `servers[index]` (see [`snapshot::down_key`]).
+fn is_marked_down(table: Option<&Table>, index: usize) -> bool {
+    let Some(server) = table.and_then(|t| t.servers.get(index)) else {
+        return false;
+    };
+    host::shared(&snapshot::down_key(&server.cluster))
+        .and_then(|b| String::from_utf8(b).ok()?.parse::<u64>().ok())
+        .is_some_and(|t| t != 0)
+}
+
 pub struct PeerProxy {
     shared: Rc<Shared>,
     rerouted: Option<Gvr>,
+    rerouted_cluster: Option<String>,
 }
 
 impl PeerProxy {
     pub fn new(shared: Rc<Shared>) -> PeerProxy {
-        PeerProxy { shared, rerouted: None }
+        PeerProxy {
+            shared,
+            rerouted: None,
+            rerouted_cluster: None,
+        }
     }
 
     fn inc(&self, name: String) {
@@ -156,13 +171,33 @@ impl HttpContext for PeerProxy {
             peer_proxied: proxied.as_deref(),
         };
         let table = self.shared.table();
-        let decision = routing::decide(&facts, table.as_deref(), config.merged_discovery, &mut |n| {
-            self.shared.pick(n)
-        });
+        let decision = routing::decide_with(
+            &facts,
+            table.as_deref(),
+            config.merged_discovery,
+            &mut |n| self.shared.pick(n),
+            &mut |i| is_marked_down(table.as_deref(), i),
+        );
         match decision {
             Decision::Local(reason) => {
                 log::debug!("kube-peer-proxy: {method} {path} stays local ({reason:?})");
                 Action::Continue
+            }
+            Decision::Unavailable { gvr } => {
+                let labels = [
+                    ("type", "peer_unavailable"),
+                    ("group", gvr.group.as_str()),
+                    ("version", gvr.version.as_str()),
+                    ("resource", gvr.resource.as_str()),
+                ];
+                self.inc(metrics::name(metrics::PROXY_ERRORS, &labels));
+                let retry = config.retry_after_seconds.to_string();
+                let body = status::peer_unavailable(&gvr, config.retry_after_seconds);
+                self.reply(
+                    503,
+                    vec![("content-type", "application/json"), ("retry-after", &retry)],
+                    Some(&body),
+                )
             }
             Decision::NotReady => {
                 self.inc(metrics::name(
@@ -201,6 +236,7 @@ impl HttpContext for PeerProxy {
                 // Envoys (which may stop doing so) correct and is harmless otherwise.
                 let _ = hostcalls::call_foreign_function("clear_route_cache", None);
                 self.rerouted = Some(gvr);
+                self.rerouted_cluster = Some(server.cluster.clone());
                 Action::Continue
             }
         }
@@ -220,6 +256,13 @@ impl HttpContext for PeerProxy {
         self.inc(metrics::name(metrics::REROUTED, &labels));
         // A reply Envoy made itself (connect failure, timeout) means the peer was not reached.
         let details = host::property(&["response", "code_details"]).unwrap_or_default();
+        if details.contains("connection_failure") {
+            // Stop sending requests to this peer until it answers discovery again.
+            if let Some(cluster) = self.rerouted_cluster.take() {
+                log::warn!("kube-peer-proxy: cannot connect to cluster {cluster}; marking it down");
+                host::set_shared(&snapshot::down_key(&cluster), host::now_ms().to_string().as_bytes());
+            }
+        }
         if !details.is_empty() && details != "via_upstream" {
             let labels = [("type", "upstream_unreachable"), labels[1], labels[2], labels[3]];
             self.inc(metrics::name(metrics::PROXY_ERRORS, &labels));

@@ -45,6 +45,21 @@ impl Service {
         let step = self.syncer.on_tick(now);
         self.handle(step, now);
         self.export_gauges(now);
+        self.clear_recovered_down_marks();
+    }
+
+    /// A peer that answered discovery after a filter marked it down is reachable again.
+    fn clear_recovered_down_marks(&self) {
+        for (cluster, last_success) in self.syncer.answering_clusters() {
+            let key = snapshot::down_key(cluster);
+            let mark = host::shared(&key)
+                .and_then(|b| String::from_utf8(b).ok()?.parse::<u64>().ok())
+                .unwrap_or(0);
+            if mark != 0 && last_success > mark {
+                log::info!("kube-peer-proxy: cluster {cluster} answers again; routing to it resumes");
+                host::set_shared(&key, b"0");
+            }
+        }
     }
 
     pub fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize) {

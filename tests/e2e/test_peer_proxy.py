@@ -252,3 +252,33 @@ def test_committed_envoy_configs_validate():
         assert r.returncode == 0, (path, r.stdout[-2000:], r.stderr[-2000:])
     assert render.demo_bootstraps() == {p.stem: p.read_text() for p in (harness.ROOT / "envoy" / "demo").glob("*.yaml")}, \
         "envoy/demo is out of date: run `make envoy-configs`"
+
+
+def test_killed_peers_give_503_status_with_retry_after_never_404_and_route_again_on_return(topo, envoys):
+    topo.start(plugin={"staleness_limit": "30s"})
+    topo.b.stop()
+    topo.c.stop()
+    # Until the next discovery round notices, the first request may hit a dead peer: Envoy's own
+    # reply is rewritten to a Status; after that the filter answers itself.
+    for _ in range(10):
+        r = topo.get(NEW_ONLY)
+        assert r.status == 503, r
+        assert r.headers.get("retry-after") == "1", r.headers
+        assert r.json()["kind"] == "Status" and r.json()["code"] == 503
+    assert topo.counter("kube_peer_proxy_peer_proxy_errors_total;type=peer_unavailable") > 0
+    # A resource the local server serves is unaffected.
+    assert topo.get(COMMON).status == 200
+    topo.cluster.restart("b")
+    harness.wait_until(lambda: topo.get(NEW_ONLY).status == 200, 5, message="did not route again after b returned")
+    assert {served_by(topo.get(NEW_ONLY)) for _ in range(5)} == {"b"}
+
+
+def test_when_one_of_two_serving_peers_dies_traffic_moves_to_the_other(topo):
+    topo.start(plugin={"refresh_interval": "5s", "staleness_limit": "30s"})
+    assert topo.get(NEW_ONLY).status == 200
+    topo.b.stop()
+    # Discovery has not noticed yet (5 s rounds): at most the requests that hit b before the
+    # passive mark fail; every later one goes to c.
+    statuses = [(topo.get(NEW_ONLY).status) for _ in range(30)]
+    assert statuses.count(503) <= 2, statuses
+    assert statuses[-20:] == [200] * 20, statuses
