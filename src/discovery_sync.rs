@@ -228,7 +228,8 @@ impl Syncer {
         }
         self.next_round_ms = now_ms.saturating_add(self.refresh_ms);
         // Legacy servers need a second phase of fetches, hence room for two timeouts and slack.
-        self.round_deadline_ms = Some(now_ms.saturating_add(self.fetch_timeout_ms.saturating_mul(2) + 500));
+        self.round_deadline_ms =
+            Some(now_ms.saturating_add(self.fetch_timeout_ms.saturating_mul(2).saturating_add(500)));
         for i in 0..self.servers.len() {
             if let Some(s) = self.servers.get_mut(i) {
                 s.work = Work::default();

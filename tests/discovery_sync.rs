@@ -1,0 +1,1128 @@
+//! The discovery synchroniser, driven with fake apiserver answers.
+#![cfg(test)]
+
+mod common;
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+
+use common::{fixture, group, json_gvrs, res, ver, AGG_133, AGG_137};
+use kube_peer_proxy::config::Config;
+use kube_peer_proxy::discovery::{parse_aggregated, to_v2_json, CONTENT_TYPE_V2};
+use kube_peer_proxy::discovery_sync::{Fetch, Outcome, Publish, SyncError, Syncer, DISCOVERY_ACCEPT};
+use kube_peer_proxy::routing::{decide, Decision, Gvr, LocalReason, RequestFacts, PEER_PROXIED_HEADER};
+use kube_peer_proxy::snapshot::{etag, resource_key, Table};
+
+const CONFIG: &str = r#"{
+    "local_name": "local",
+    "local_cluster": "local",
+    "peers": [{"name": "peer-b", "cluster": "peer-b"}, {"name": "peer-c", "cluster": "peer-c"}],
+    "refresh_interval": "1s",
+    "fetch_timeout": "1s",
+    "staleness_limit": "3s",
+    "discovery_authority": "kube.example",
+    "discovery_headers": {"authorization": "Bearer t0ken"},
+    "max_discovery_bytes": 200000
+}"#;
+
+const LEGACY_CT: &str = "application/json";
+
+fn config() -> Config {
+    Config::parse(CONFIG.as_bytes()).expect("config")
+}
+
+fn header<'a>(f: &'a Fetch, name: &str) -> Option<&'a str> {
+    f.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+/// One document a fake server serves.
+#[derive(Clone)]
+struct Doc {
+    content_type: String,
+    body: Vec<u8>,
+    etag: Option<String>,
+}
+
+/// Fake apiservers keyed by cluster. Documents answer 200 (or 304 when `if-none-match` matches);
+/// overrides replace the answer (`None` = never answer); anything else is a 404.
+#[derive(Clone, Default)]
+struct Fake {
+    docs: HashMap<(String, String), Doc>,
+    overrides: HashMap<(String, String), Option<Outcome>>,
+    fallback: Option<fn(&str, &str) -> Option<Outcome>>,
+    not_modified: std::cell::Cell<usize>,
+}
+
+impl Fake {
+    fn doc(&mut self, cluster: &str, path: &str, content_type: &str, body: Vec<u8>, with_etag: bool) {
+        let etag = with_etag.then(|| etag(&body));
+        self.docs.insert(
+            (cluster.into(), path.into()),
+            Doc {
+                content_type: content_type.into(),
+                body,
+                etag,
+            },
+        );
+    }
+
+    fn aggregated(&mut self, cluster: &str, path: &str, body: Vec<u8>) {
+        self.doc(cluster, path, CONTENT_TYPE_V2, body, true);
+    }
+
+    fn set(&mut self, cluster: &str, path: &str, outcome: Option<Outcome>) {
+        self.overrides.insert((cluster.into(), path.into()), outcome);
+    }
+
+    fn serve(&self, f: &Fetch) -> Option<Outcome> {
+        let key = (f.cluster.clone(), f.path().to_string());
+        if let Some(o) = self.overrides.get(&key) {
+            return o.clone();
+        }
+        if let Some(d) = self.docs.get(&key) {
+            if d.etag.is_some() && header(f, "if-none-match") == d.etag.as_deref() {
+                self.not_modified.set(self.not_modified.get() + 1);
+                return Some(Outcome::Response {
+                    status: 304,
+                    content_type: String::new(),
+                    etag: d.etag.clone(),
+                    body: Vec::new(),
+                });
+            }
+            return Some(Outcome::Response {
+                status: 200,
+                content_type: d.content_type.clone(),
+                etag: d.etag.clone(),
+                body: d.body.clone(),
+            });
+        }
+        if let Some(fb) = self.fallback {
+            if let Some(o) = fb(&f.cluster, f.path()) {
+                return Some(o);
+            }
+        }
+        Some(Outcome::Response {
+            status: 404,
+            content_type: "text/plain; charset=utf-8".into(),
+            etag: None,
+            body: b"404 page not found\n".to_vec(),
+        })
+    }
+}
+
+fn core_doc(subs: &[&str]) -> Vec<u8> {
+    to_v2_json(&[group(
+        "",
+        vec![ver("v1", vec![res("pods", subs), res("configmaps", &[])])],
+    )])
+}
+
+const LEGACY_GROUPS: &str = r#"{"kind":"APIGroupList","apiVersion":"v1","groups":[
+  {"name":"apps","versions":[{"groupVersion":"apps/v1","version":"v1"}],"preferredVersion":{"groupVersion":"apps/v1","version":"v1"}},
+  {"name":"widgets.example.com","versions":[{"groupVersion":"widgets.example.com/v1","version":"v1"},{"groupVersion":"widgets.example.com/v1beta1","version":"v1beta1"}],
+   "preferredVersion":{"groupVersion":"widgets.example.com/v1","version":"v1"}}]}"#;
+
+const WIDGETS_V1: &str = r#"{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"widgets.example.com/v1","resources":[
+  {"name":"widgets","singularName":"widget","namespaced":true,"kind":"Widget","verbs":["get","list","watch"]},
+  {"name":"widgets/status","singularName":"","namespaced":true,"kind":"Widget","verbs":["get","patch"]}]}"#;
+
+const WIDGETS_V1BETA1: &str = r#"{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"widgets.example.com/v1beta1","resources":[
+  {"name":"gadgets","singularName":"gadget","namespaced":false,"kind":"Gadget","verbs":["get"]}]}"#;
+
+/// local: 1.33 `/apis` + core without `pods/resize`; peer-b: 1.37-dev `/apis` + core with
+/// `pods/resize`; peer-c: a legacy-only server (APIVersions / APIGroupList).
+fn fake() -> Fake {
+    let mut f = Fake::default();
+    f.aggregated("local", "/api", core_doc(&["status", "exec"]));
+    f.aggregated("local", "/apis", fixture(AGG_133));
+    f.aggregated("peer-b", "/api", core_doc(&["status", "exec", "resize"]));
+    f.aggregated("peer-b", "/apis", fixture(AGG_137));
+    f.doc("peer-c", "/api", LEGACY_CT, fixture("legacy_api.json"), true);
+    f.doc(
+        "peer-c",
+        "/api/v1",
+        LEGACY_CT,
+        fixture("legacy_api__v1.k8s-pre-1.33.json"),
+        true,
+    );
+    f.doc("peer-c", "/apis", LEGACY_CT, LEGACY_GROUPS.as_bytes().to_vec(), true);
+    // Legacy discovery from real servers often has no ETag.
+    f.doc(
+        "peer-c",
+        "/apis/apps/v1",
+        LEGACY_CT,
+        fixture("legacy_apis__apps__v1.json"),
+        false,
+    );
+    f.doc(
+        "peer-c",
+        "/apis/widgets.example.com/v1",
+        LEGACY_CT,
+        WIDGETS_V1.as_bytes().to_vec(),
+        true,
+    );
+    f.doc(
+        "peer-c",
+        "/apis/widgets.example.com/v1beta1",
+        LEGACY_CT,
+        WIDGETS_V1BETA1.as_bytes().to_vec(),
+        true,
+    );
+    f
+}
+
+#[derive(Default)]
+struct Round {
+    /// Every fetch of the round, initial and follow-ups, in dispatch order.
+    fetches: Vec<Fetch>,
+    errors: Vec<SyncError>,
+    publish: Option<Publish>,
+    publishes: usize,
+}
+
+impl Round {
+    fn take(&mut self, step: kube_peer_proxy::discovery_sync::Step) -> Vec<Fetch> {
+        self.errors.extend(step.errors);
+        if step.publish.is_some() {
+            self.publishes += 1;
+            self.publish = step.publish;
+        }
+        step.fetches
+    }
+
+    fn paths(&self, cluster: &str) -> BTreeSet<String> {
+        self.fetches
+            .iter()
+            .filter(|f| f.cluster == cluster)
+            .map(|f| f.path().to_string())
+            .collect()
+    }
+
+    fn error_kinds(&self) -> Vec<(&str, &str)> {
+        let mut v: Vec<(&str, &str)> = self.errors.iter().map(|e| (e.server.as_str(), e.kind)).collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+/// Ticks at `now` and answers every fetch (and follow-up) from `fake`, in order, at `now`.
+fn round(s: &mut Syncer, fake: &Fake, now: u64) -> Round {
+    let mut r = Round::default();
+    let first = s.on_tick(now);
+    let queue: VecDeque<Fetch> = r.take(first).into();
+    answer(s, fake, queue, now, &mut r);
+    r
+}
+
+fn answer(s: &mut Syncer, fake: &Fake, mut queue: VecDeque<Fetch>, now: u64, r: &mut Round) {
+    while let Some(f) = queue.pop_front() {
+        r.fetches.push(f.clone());
+        let Some(outcome) = fake.serve(&f) else { continue };
+        let step = s.on_response(f.id, outcome, now);
+        queue.extend(r.take(step));
+    }
+}
+
+fn route(t: &Table, method: &str, path: &str) -> Decision {
+    let facts = RequestFacts {
+        method,
+        path,
+        accept: None,
+        peer_proxied: None,
+    };
+    let mut pick = |_: usize| 0;
+    decide(&facts, Some(t), true, &mut pick)
+}
+
+fn to(index: usize, g: &str, v: &str, r: &str) -> Decision {
+    Decision::Peer {
+        index,
+        gvr: Gvr {
+            group: g.into(),
+            version: v.into(),
+            resource: r.into(),
+        },
+    }
+}
+
+const PEER_B: usize = 1;
+const PEER_C: usize = 2;
+
+#[test]
+fn first_tick_fetches_api_and_apis_from_every_server() {
+    let mut s = Syncer::new(&config());
+    assert_eq!(s.generation(), 0);
+    assert_eq!(s.max_bytes(), 200_000);
+    assert_eq!(s.fetch_timeout_ms(), 1000);
+    assert_eq!(s.round_completed_ms(), None);
+    let step = s.on_tick(0);
+    assert!(step.errors.is_empty());
+    assert!(step.publish.is_none());
+    let got: Vec<(&str, &str)> = step.fetches.iter().map(|f| (f.cluster.as_str(), f.path())).collect();
+    assert_eq!(
+        got,
+        [
+            ("local", "/api"),
+            ("local", "/apis"),
+            ("peer-b", "/api"),
+            ("peer-b", "/apis"),
+            ("peer-c", "/api"),
+            ("peer-c", "/apis")
+        ]
+    );
+    let ids: BTreeSet<u64> = step.fetches.iter().map(|f| f.id).collect();
+    assert_eq!(ids.len(), 6, "ids are unique");
+    for f in &step.fetches {
+        let want: Vec<(String, String)> = [
+            (":method", "GET"),
+            (":path", f.path()),
+            (":authority", "kube.example"),
+            ("accept", DISCOVERY_ACCEPT),
+            (PEER_PROXIED_HEADER, "true"),
+            ("authorization", "Bearer t0ken"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        assert_eq!(f.headers, want, "{} {}", f.cluster, f.path());
+        assert_eq!(header(f, "if-none-match"), None);
+    }
+    assert_eq!(
+        DISCOVERY_ACCEPT,
+        "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;profile=nopeer,application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json"
+    );
+    // While the round is running, ticks do nothing.
+    for now in [0, 10, 999, 2499] {
+        let step = s.on_tick(now);
+        assert!(
+            step.fetches.is_empty() && step.errors.is_empty() && step.publish.is_none(),
+            "tick at {now}"
+        );
+    }
+}
+
+#[test]
+fn completed_round_publishes_a_routable_snapshot() {
+    let mut s = Syncer::new(&config());
+    let fake = fake();
+    let r = round(&mut s, &fake, 0);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!(r.publishes, 1, "one snapshot per round");
+    let p = r.publish.expect("snapshot");
+    assert_eq!(p.table.generation, 1);
+    assert_eq!(s.generation(), 1);
+    assert_eq!(s.round_completed_ms(), Some(0));
+    let names: Vec<&str> = p.table.servers.iter().map(|x| x.name.as_str()).collect();
+    assert_eq!(names, ["local", "peer-b", "peer-c"]);
+    assert_eq!(p.table.local_mask(), 1);
+    assert_eq!(p.table.apis_etag, etag(&p.merged_apis));
+    assert_eq!(p.table.api_etag, etag(&p.merged_api));
+    assert_eq!(Table::decode(&p.table.encode()).expect("decode"), p.table);
+    let status: Vec<(&str, Option<u64>)> = s.server_status().collect();
+    assert_eq!(status, [("local", Some(0)), ("peer-b", Some(0)), ("peer-c", Some(0))]);
+
+    use LocalReason::*;
+    struct R {
+        name: &'static str,
+        method: &'static str,
+        path: &'static str,
+        want: Decision,
+    }
+    let rows = [
+        R {
+            name: "core pods local",
+            method: "GET",
+            path: "/api/v1/namespaces/a/pods",
+            want: Decision::Local(ServedLocally),
+        },
+        R {
+            name: "pods/resize only on peer-b",
+            method: "PATCH",
+            path: "/api/v1/namespaces/a/pods/p/resize",
+            want: to(PEER_B, "", "v1", "pods"),
+        },
+        R {
+            name: "apps local",
+            method: "GET",
+            path: "/apis/apps/v1/deployments",
+            want: Decision::Local(ServedLocally),
+        },
+        R {
+            name: "resource.k8s.io/v1 only on peer-b",
+            method: "GET",
+            path: "/apis/resource.k8s.io/v1/resourceclaims",
+            want: to(PEER_B, "resource.k8s.io", "v1", "resourceclaims"),
+        },
+        R {
+            name: "1.33-only GVR local",
+            method: "GET",
+            path: "/apis/networking.k8s.io/v1beta1/ipaddresses",
+            want: Decision::Local(ServedLocally),
+        },
+        R {
+            name: "legacy peer-c group",
+            method: "GET",
+            path: "/apis/widgets.example.com/v1/namespaces/a/widgets/w/status",
+            want: to(PEER_C, "widgets.example.com", "v1", "widgets"),
+        },
+        R {
+            name: "legacy peer-c second version",
+            method: "GET",
+            path: "/apis/widgets.example.com/v1beta1/gadgets",
+            want: to(PEER_C, "widgets.example.com", "v1beta1", "gadgets"),
+        },
+        R {
+            name: "legacy peer-c group discovery",
+            method: "GET",
+            path: "/apis/widgets.example.com",
+            want: to(PEER_C, "widgets.example.com", "", ""),
+        },
+        R {
+            name: "nobody",
+            method: "GET",
+            path: "/apis/nope.io/v1/x",
+            want: Decision::Local(NotServedAnywhere),
+        },
+    ];
+    for row in rows {
+        assert_eq!(route(&p.table, row.method, row.path), row.want, "{}", row.name);
+    }
+    // peer-c's legacy core v1 is in the table too (only peer-c has bindings here).
+    assert_eq!(p.table.servers_for(&resource_key("", "v1", "bindings")), 0b100);
+    assert_eq!(p.table.servers_for(&resource_key("", "v1", "pods")), 0b111);
+
+    // The merged /apis is the union of every server's GVRs; merged /api the union of core.
+    let merged: serde_json::Value = serde_json::from_slice(&p.merged_apis).expect("merged apis");
+    let mut want = json_gvrs(&serde_json::from_slice(&fixture(AGG_133)).expect("json"));
+    want.extend(json_gvrs(&serde_json::from_slice(&fixture(AGG_137)).expect("json")));
+    for (g, v, r) in [
+        ("widgets.example.com", "v1", "widgets"),
+        ("widgets.example.com", "v1beta1", "gadgets"),
+        ("apps", "v1", "controllerrevisions"),
+        ("apps", "v1", "daemonsets"),
+        ("apps", "v1", "deployments"),
+        ("apps", "v1", "replicasets"),
+        ("apps", "v1", "statefulsets"),
+    ] {
+        want.insert((g.into(), v.into(), r.into()));
+    }
+    assert_eq!(json_gvrs(&merged), want);
+    let api = parse_aggregated(&p.merged_api).expect("merged api");
+    assert_eq!(api.items.len(), 1);
+    let core = api.items.first().expect("core");
+    assert_eq!(core.metadata.name, "");
+    let pods = core
+        .versions
+        .first()
+        .and_then(|v| v.resources.iter().find(|r| r.resource == "pods"))
+        .expect("pods");
+    let subs: Vec<&str> = pods.subresources.iter().map(|x| x.subresource.as_str()).collect();
+    assert_eq!(
+        subs,
+        [
+            "attach",
+            "binding",
+            "ephemeralcontainers",
+            "eviction",
+            "exec",
+            "log",
+            "portforward",
+            "proxy",
+            "resize",
+            "status"
+        ]
+    );
+}
+
+#[test]
+fn legacy_server_gets_follow_up_fetches() {
+    let mut s = Syncer::new(&config());
+    let fake = fake();
+    let r = round(&mut s, &fake, 0);
+    let want: BTreeSet<String> = [
+        "/api",
+        "/apis",
+        "/api/v1",
+        "/apis/apps/v1",
+        "/apis/widgets.example.com/v1",
+        "/apis/widgets.example.com/v1beta1",
+    ]
+    .iter()
+    .map(|p| p.to_string())
+    .collect();
+    assert_eq!(r.paths("peer-c"), want);
+    assert_eq!(
+        r.paths("peer-b"),
+        ["/api".to_string(), "/apis".to_string()].into_iter().collect()
+    );
+    for f in r.fetches.iter().filter(|f| f.cluster == "peer-c") {
+        assert_eq!(header(f, "accept"), Some(DISCOVERY_ACCEPT), "{}", f.path());
+        assert_eq!(header(f, PEER_PROXIED_HEADER), Some("true"), "{}", f.path());
+        assert_eq!(header(f, ":authority"), Some("kube.example"), "{}", f.path());
+        assert_eq!(header(f, "authorization"), Some("Bearer t0ken"), "{}", f.path());
+    }
+    assert!(r.publish.is_some());
+}
+
+#[test]
+fn real_legacy_group_list_is_walked() {
+    fn fallback(cluster: &str, path: &str) -> Option<Outcome> {
+        // Every /apis/<g>/<v> of the 1.31 group list answers with one resource named after it.
+        let rest = path.strip_prefix("/apis/")?;
+        let (g, v) = rest.split_once('/')?;
+        (cluster == "local").then(|| Outcome::Response {
+            status: 200,
+            content_type: LEGACY_CT.into(),
+            etag: None,
+            body: format!(
+                r#"{{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"{g}/{v}","resources":[{{"name":"things","singularName":"thing","namespaced":true,"kind":"Thing","verbs":["get"]}},{{"name":"things/status","singularName":"","namespaced":true,"kind":"Thing","verbs":["get"]}}]}}"#
+            )
+            .into_bytes(),
+        })
+    }
+    let mut c = Config::parse(br#"{"local_cluster":"local"}"#).expect("config");
+    c.discovery_headers.clear();
+    let mut s = Syncer::new(&c);
+    let mut f = Fake {
+        fallback: Some(fallback),
+        ..Fake::default()
+    };
+    f.doc("local", "/api", LEGACY_CT, fixture("legacy_api.json"), false);
+    f.doc(
+        "local",
+        "/api/v1",
+        LEGACY_CT,
+        fixture("legacy_api__v1.k8s-pre-1.33.json"),
+        false,
+    );
+    f.doc("local", "/apis", LEGACY_CT, fixture("legacy_apis.k8s-1.31.json"), false);
+    let r = round(&mut s, &f, 0);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    // 2 roots + /api/v1 + 32 group versions.
+    assert_eq!(r.fetches.len(), 35);
+    let p = r.publish.expect("snapshot");
+    let groups = serde_json::from_slice::<serde_json::Value>(&fixture("legacy_apis.k8s-1.31.json")).expect("json");
+    for g in groups["groups"].as_array().expect("groups") {
+        let name = g["name"].as_str().expect("name");
+        for v in g["versions"].as_array().expect("versions") {
+            let version = v["version"].as_str().expect("version");
+            assert_eq!(
+                p.table.servers_for(&resource_key(name, version, "things")),
+                1,
+                "{name}/{version}"
+            );
+            assert_eq!(
+                p.table.servers_for(&format!("s/{name}/{version}/things/status")),
+                1,
+                "{name}/{version}"
+            );
+        }
+    }
+    // The merged /apis keeps the legacy group order.
+    let merged = parse_aggregated(&p.merged_apis).expect("merged");
+    let got: Vec<&str> = merged.items.iter().map(|g| g.metadata.name.as_str()).collect();
+    let want: Vec<&str> = groups["groups"]
+        .as_array()
+        .expect("groups")
+        .iter()
+        .map(|g| g["name"].as_str().expect("n"))
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(p.table.servers_for(&resource_key("", "v1", "pods")), 1);
+}
+
+#[test]
+fn etags_are_sent_and_304_reuses_the_cache() {
+    let mut s = Syncer::new(&config());
+    let fake = fake();
+    let first = round(&mut s, &fake, 0);
+    let table1 = first.publish.expect("snapshot").table;
+
+    let second = round(&mut s, &fake, 1000);
+    assert!(second.errors.is_empty(), "{:?}", second.errors);
+    for f in &second.fetches {
+        let doc = fake
+            .docs
+            .get(&(f.cluster.clone(), f.path().to_string()))
+            .expect("known doc");
+        assert_eq!(
+            header(f, "if-none-match"),
+            doc.etag.as_deref(),
+            "{} {}",
+            f.cluster,
+            f.path()
+        );
+    }
+    // Every document with an ETag was answered 304; /apis/apps/v1 on peer-c (no ETag) was fetched in full.
+    assert_eq!(fake.not_modified.get(), 9);
+    assert_eq!(
+        second.fetches.len(),
+        10,
+        "legacy follow-ups are issued again from the cached documents"
+    );
+    assert!(second.publish.is_none(), "nothing changed: no republish");
+    assert_eq!(second.publishes, 0);
+    assert_eq!(s.generation(), 1);
+    assert_eq!(s.round_completed_ms(), Some(1000));
+    let status: Vec<(&str, Option<u64>)> = s.server_status().collect();
+    assert_eq!(
+        status,
+        [("local", Some(1000)), ("peer-b", Some(1000)), ("peer-c", Some(1000))]
+    );
+    // The table still routes the same way.
+    assert_eq!(
+        route(&table1, "GET", "/apis/resource.k8s.io/v1/resourceclaims"),
+        to(PEER_B, "resource.k8s.io", "v1", "resourceclaims")
+    );
+
+    // A changed document is fetched in full and republished.
+    let mut changed = fake.clone();
+    changed.aggregated("peer-b", "/apis", fixture(AGG_133));
+    let third = round(&mut s, &changed, 2000);
+    assert!(third.errors.is_empty(), "{:?}", third.errors);
+    let p = third.publish.expect("republish");
+    assert_eq!(p.table.generation, 2);
+    assert_eq!(p.table.built_ms, 2000);
+    assert_eq!(s.generation(), 2);
+    assert_eq!(
+        route(&p.table, "GET", "/apis/resource.k8s.io/v1/resourceclaims"),
+        Decision::Local(LocalReason::NotServedAnywhere)
+    );
+    // The new ETag is used next time.
+    let fourth = round(&mut s, &changed, 3000);
+    let f = fourth
+        .fetches
+        .iter()
+        .find(|f| f.cluster == "peer-b" && f.path() == "/apis")
+        .expect("peer-b /apis");
+    assert_eq!(header(f, "if-none-match"), Some(etag(&fixture(AGG_133)).as_str()));
+    assert!(fourth.publish.is_none());
+}
+
+#[test]
+fn api_404_is_tolerated() {
+    let mut s = Syncer::new(&config());
+    let mut fake = fake();
+    fake.docs.remove(&("peer-b".to_string(), "/api".to_string()));
+    let r = round(&mut s, &fake, 0);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    let p = r.publish.expect("snapshot");
+    // peer-b contributes its /apis but no core group.
+    assert_eq!(
+        route(&p.table, "GET", "/apis/resource.k8s.io/v1/resourceclaims"),
+        to(PEER_B, "resource.k8s.io", "v1", "resourceclaims")
+    );
+    assert_eq!(
+        route(&p.table, "GET", "/api/v1/namespaces/a/pods/p/resize"),
+        Decision::Local(LocalReason::ServedLocally)
+    );
+    assert_eq!(p.table.servers_for(&resource_key("", "v1", "pods")), 0b101);
+
+    // A 404 on /apis is an error.
+    let mut s = Syncer::new(&config());
+    let mut fake = self::fake();
+    fake.docs.remove(&("peer-b".to_string(), "/apis".to_string()));
+    let r = round(&mut s, &fake, 0);
+    assert_eq!(r.error_kinds(), [("peer-b", "http_status")]);
+    let p = r.publish.expect("snapshot");
+    assert_eq!(
+        p.table.servers.iter().map(|x| x.name.as_str()).collect::<Vec<_>>(),
+        ["local", "peer-c"]
+    );
+}
+
+fn response(status: u16, content_type: &str, body: &[u8]) -> Option<Outcome> {
+    Some(Outcome::Response {
+        status,
+        content_type: content_type.into(),
+        etag: None,
+        body: body.to_vec(),
+    })
+}
+
+#[test]
+fn failures_keep_last_good_data_until_the_staleness_limit() {
+    struct F {
+        desc: &'static str,
+        path: &'static str,
+        outcome: Option<Outcome>,
+        kind: &'static str,
+        /// The server could not be reached (as opposed to a bad answer): it stays in the table with
+        /// its last good data but is marked unhealthy, so requests it alone serves get a 503.
+        unreachable: bool,
+    }
+    let rows = [
+        F {
+            desc: "malformed JSON",
+            path: "/apis",
+            outcome: response(200, CONTENT_TYPE_V2, b"{not json"),
+            kind: "decode",
+            unreachable: false,
+        },
+        F {
+            desc: "wrong kind",
+            path: "/apis",
+            outcome: response(200, CONTENT_TYPE_V2, br#"{"kind":"APIGroupList","groups":[]}"#),
+            kind: "decode",
+            unreachable: false,
+        },
+        F {
+            desc: "legacy garbage",
+            path: "/api",
+            outcome: response(200, LEGACY_CT, b"<html>"),
+            kind: "decode",
+            unreachable: false,
+        },
+        F {
+            desc: "HTTP 500",
+            path: "/apis",
+            outcome: response(500, "application/json", b"{}"),
+            kind: "http_status",
+            unreachable: false,
+        },
+        F {
+            desc: "HTTP 403",
+            path: "/api",
+            outcome: response(403, "application/json", b"{}"),
+            kind: "http_status",
+            unreachable: false,
+        },
+        F {
+            desc: "oversized (host)",
+            path: "/apis",
+            outcome: Some(Outcome::Oversized),
+            kind: "oversized",
+            unreachable: false,
+        },
+        F {
+            desc: "oversized body",
+            path: "/apis",
+            outcome: response(200, CONTENT_TYPE_V2, &vec![b' '; 200_001]),
+            kind: "oversized",
+            unreachable: false,
+        },
+        F {
+            desc: "HTTP 503",
+            path: "/apis",
+            outcome: response(503, "text/plain", b"no healthy upstream"),
+            kind: "unavailable",
+            unreachable: true,
+        },
+        F {
+            desc: "HTTP 504",
+            path: "/api",
+            outcome: response(504, "text/plain", b"upstream request timeout"),
+            kind: "timeout",
+            unreachable: true,
+        },
+        F {
+            desc: "no response",
+            path: "/apis",
+            outcome: Some(Outcome::NoResponse),
+            kind: "unreachable",
+            unreachable: true,
+        },
+    ];
+    let claims = || Gvr {
+        group: "resource.k8s.io".into(),
+        version: "v1".into(),
+        resource: "resourceclaims".into(),
+    };
+    for row in rows {
+        let mut s = Syncer::new(&config());
+        let good = fake();
+        let first = round(&mut s, &good, 0);
+        let t1 = first.publish.expect("first snapshot").table;
+        assert_eq!(t1.unhealthy, 0);
+        assert_eq!(
+            route(&t1, "GET", "/apis/resource.k8s.io/v1/resourceclaims"),
+            to(PEER_B, "resource.k8s.io", "v1", "resourceclaims")
+        );
+
+        let mut bad = good.clone();
+        bad.set("peer-b", row.path, row.outcome.clone());
+
+        // Within the staleness limit (3 s after the last success at t=0) peer-b keeps its data.
+        let mut current = t1.clone();
+        for now in [1000, 2000, 3000] {
+            let r = round(&mut s, &bad, now);
+            assert_eq!(r.error_kinds(), [("peer-b", row.kind)], "{} at {now}", row.desc);
+            let e = r.errors.first().expect("error");
+            assert!(
+                e.detail.starts_with(&format!("{}: ", row.path)),
+                "{}: detail {:?}",
+                row.desc,
+                e.detail
+            );
+            match (row.unreachable, now, r.publish) {
+                (false, _, None) => {}
+                (true, 1000, Some(p)) => {
+                    // Same data, peer-b marked unhealthy.
+                    assert_eq!(p.table.generation, 2, "{}", row.desc);
+                    assert_eq!(p.table.keys, t1.keys, "{}: peer-b keeps its last good data", row.desc);
+                    assert_eq!(p.table.servers, t1.servers, "{}", row.desc);
+                    assert_eq!(p.table.unhealthy, 1 << PEER_B, "{}", row.desc);
+                    current = p.table;
+                }
+                (true, 2000 | 3000, None) => {}
+                (_, _, p) => panic!(
+                    "{} at {now}: unexpected publish {:?}",
+                    row.desc,
+                    p.map(|p| p.table.generation)
+                ),
+            }
+            let want = if row.unreachable {
+                Decision::Unavailable { gvr: claims() }
+            } else {
+                to(PEER_B, "resource.k8s.io", "v1", "resourceclaims")
+            };
+            assert_eq!(
+                route(&current, "GET", "/apis/resource.k8s.io/v1/resourceclaims"),
+                want,
+                "{} at {now}",
+                row.desc
+            );
+            // What the local server serves is unaffected.
+            assert_eq!(
+                route(&current, "GET", "/apis/apps/v1/deployments"),
+                Decision::Local(LocalReason::ServedLocally)
+            );
+        }
+        let generation = s.generation();
+        assert_eq!(generation, if row.unreachable { 2 } else { 1 }, "{}", row.desc);
+        let status: HashMap<&str, Option<u64>> = s.server_status().collect();
+        assert_eq!(status.get("peer-b"), Some(&Some(0)), "{}", row.desc);
+        assert_eq!(status.get("local"), Some(&Some(3000)), "{}", row.desc);
+        let answering: HashMap<&str, u64> = s.answering_clusters().collect();
+        assert_eq!(answering.get("local"), Some(&3000), "{}", row.desc);
+        assert_eq!(!answering.contains_key("peer-b"), row.unreachable, "{}", row.desc);
+
+        // Past the limit the next round's snapshot drops peer-b.
+        let r = round(&mut s, &bad, 4000);
+        assert_eq!(r.error_kinds(), [("peer-b", row.kind)], "{}", row.desc);
+        let p = r.publish.expect("snapshot without peer-b");
+        assert_eq!(p.table.generation, generation + 1, "{}", row.desc);
+        assert_eq!(
+            p.table.servers.iter().map(|x| x.name.as_str()).collect::<Vec<_>>(),
+            ["local", "peer-c"],
+            "{}",
+            row.desc
+        );
+        assert_eq!(p.table.unhealthy, 0, "{}", row.desc);
+        assert_eq!(
+            route(&p.table, "GET", "/apis/resource.k8s.io/v1/resourceclaims"),
+            Decision::Local(LocalReason::NotServedAnywhere),
+            "{}",
+            row.desc
+        );
+        assert_eq!(
+            route(&p.table, "GET", "/apis/widgets.example.com/v1/widgets"),
+            to(1, "widgets.example.com", "v1", "widgets")
+        );
+        let merged: serde_json::Value = serde_json::from_slice(&p.merged_apis).expect("json");
+        assert!(!json_gvrs(&merged).contains(&(
+            "lifecycle.k8s.io".into(),
+            "v1alpha1".into(),
+            "evictionrequests".into()
+        )));
+
+        // Recovery brings it back.
+        let r = round(&mut s, &good, 5000);
+        assert!(r.errors.is_empty(), "{}: {:?}", row.desc, r.errors);
+        let p = r.publish.expect("snapshot with peer-b again");
+        assert_eq!(p.table.generation, generation + 2);
+        assert_eq!(p.table.unhealthy, 0);
+        assert_eq!(
+            route(&p.table, "GET", "/apis/resource.k8s.io/v1/resourceclaims"),
+            to(PEER_B, "resource.k8s.io", "v1", "resourceclaims")
+        );
+    }
+}
+
+#[test]
+fn unreachable_then_answering_again_within_the_limit() {
+    let mut s = Syncer::new(&config());
+    let good = fake();
+    round(&mut s, &good, 0);
+    let mut down = good.clone();
+    down.set("peer-b", "/api", Some(Outcome::NoResponse));
+    down.set("peer-b", "/apis", Some(Outcome::NoResponse));
+    let p = round(&mut s, &down, 1000).publish.expect("unhealthy");
+    assert_eq!(p.table.unhealthy, 1 << PEER_B);
+    // Answers again (304s from the cache): healthy again, same data.
+    let r = round(&mut s, &good, 2000);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    let p2 = r.publish.expect("healthy again");
+    assert_eq!(p2.table.unhealthy, 0);
+    assert_eq!(p2.table.keys, p.table.keys);
+    assert_eq!(
+        route(&p2.table, "GET", "/apis/resource.k8s.io/v1/resourceclaims"),
+        to(PEER_B, "resource.k8s.io", "v1", "resourceclaims")
+    );
+    let answering: HashMap<&str, u64> = s.answering_clusters().collect();
+    assert_eq!(answering.get("peer-b"), Some(&2000));
+}
+
+#[test]
+fn not_modified_without_a_cached_document_is_an_error() {
+    let mut s = Syncer::new(&config());
+    let mut fake = fake();
+    fake.set("peer-b", "/apis", response(304, "", b""));
+    let r = round(&mut s, &fake, 0);
+    assert_eq!(r.error_kinds(), [("peer-b", "http_status")]);
+    let e = r.errors.first().expect("error");
+    assert!(e.detail.contains("304"), "{:?}", e.detail);
+    let p = r.publish.expect("snapshot");
+    assert!(p.table.servers.iter().all(|x| x.name != "peer-b"));
+}
+
+#[test]
+fn failing_legacy_follow_up_keeps_the_old_data() {
+    let mut s = Syncer::new(&config());
+    let good = fake();
+    let first = round(&mut s, &good, 0);
+    assert!(first.publish.is_some());
+    let mut bad = good.clone();
+    bad.set(
+        "peer-c",
+        "/apis/widgets.example.com/v1beta1",
+        response(500, "application/json", b"{}"),
+    );
+    let r = round(&mut s, &bad, 1000);
+    assert_eq!(r.error_kinds(), [("peer-c", "http_status")]);
+    assert!(r.publish.is_none());
+    let r = round(&mut s, &bad, 4000);
+    let p = r.publish.expect("dropped");
+    assert!(p.table.servers.iter().all(|x| x.name != "peer-c"));
+}
+
+#[test]
+fn a_server_that_never_succeeded_is_not_in_the_snapshot() {
+    let mut s = Syncer::new(&config());
+    let mut fake = fake();
+    fake.set("peer-b", "/api", Some(Outcome::NoResponse));
+    let r = round(&mut s, &fake, 0);
+    assert_eq!(r.error_kinds(), [("peer-b", "unreachable")]);
+    let p = r.publish.expect("snapshot");
+    assert_eq!(
+        p.table.servers.iter().map(|x| x.name.as_str()).collect::<Vec<_>>(),
+        ["local", "peer-c"]
+    );
+    let status: HashMap<&str, Option<u64>> = s.server_status().collect();
+    assert_eq!(status.get("peer-b"), Some(&None));
+}
+
+#[test]
+fn unanswered_round_ends_at_the_deadline() {
+    let mut s = Syncer::new(&config());
+    let fake = fake();
+    let mut silent = fake.clone();
+    for cluster in ["local", "peer-b", "peer-c"] {
+        for path in ["/api", "/apis"] {
+            silent.set(cluster, path, None);
+        }
+    }
+    let r = round(&mut s, &silent, 0);
+    assert_eq!(r.fetches.len(), 6);
+    assert!(r.publish.is_none());
+    // Before the deadline nothing happens.
+    let step = s.on_tick(2000);
+    assert!(step.fetches.is_empty() && step.errors.is_empty() && step.publish.is_none());
+
+    let step = s.on_tick(1_000_000_000);
+    let mut kinds: Vec<(&str, &str)> = step.errors.iter().map(|e| (e.server.as_str(), e.kind)).collect();
+    kinds.sort_unstable();
+    assert_eq!(
+        kinds,
+        [
+            ("local", "unreachable"),
+            ("local", "unreachable"),
+            ("peer-b", "unreachable"),
+            ("peer-b", "unreachable"),
+            ("peer-c", "unreachable"),
+            ("peer-c", "unreachable")
+        ]
+    );
+    // The round ends (a snapshot with nobody in it) and a new round starts right away.
+    let p = step.publish.expect("round end");
+    assert!(p.table.servers.is_empty());
+    assert_eq!(step.fetches.len(), 6);
+    assert_eq!(s.round_completed_ms(), Some(1_000_000_000));
+
+    // Late answers to the old round are ignored.
+    for f in &r.fetches {
+        let late = s.on_response(f.id, fake.serve(f).expect("answer"), 1_000_000_001);
+        assert!(late.fetches.is_empty() && late.errors.is_empty() && late.publish.is_none());
+    }
+    // Answering the new round works normally.
+    let mut r2 = Round::default();
+    answer(&mut s, &fake, step.fetches.into(), 1_000_000_002, &mut r2);
+    assert!(r2.errors.is_empty(), "{:?}", r2.errors);
+    assert_eq!(r2.publish.expect("snapshot").table.servers.len(), 3);
+}
+
+#[test]
+fn partially_answered_round_ends_at_the_deadline() {
+    let mut s = Syncer::new(&config());
+    let mut fake = fake();
+    fake.set("peer-b", "/apis", None);
+    let r = round(&mut s, &fake, 0);
+    assert!(r.errors.is_empty());
+    assert!(r.publish.is_none(), "the round waits for peer-b");
+    let step = s.on_tick(2500);
+    let kinds: Vec<(&str, &str)> = step.errors.iter().map(|e| (e.server.as_str(), e.kind)).collect();
+    assert_eq!(kinds, [("peer-b", "unreachable")]);
+    let p = step.publish.expect("snapshot");
+    assert_eq!(
+        p.table.servers.iter().map(|x| x.name.as_str()).collect::<Vec<_>>(),
+        ["local", "peer-c"]
+    );
+    assert_eq!(p.table.built_ms, 2500);
+    assert_eq!(step.fetches.len(), 6, "next round is due (started at 0, refresh 1s)");
+}
+
+#[test]
+fn unknown_and_duplicate_ids_are_ignored() {
+    let mut s = Syncer::new(&config());
+    let fake = fake();
+    let step = s.on_tick(0);
+    let ok = Outcome::Response {
+        status: 200,
+        content_type: CONTENT_TYPE_V2.into(),
+        etag: None,
+        body: core_doc(&[]),
+    };
+    for id in [0, 999_999, u64::MAX] {
+        let st = s.on_response(id, ok.clone(), 0);
+        assert!(
+            st.fetches.is_empty() && st.errors.is_empty() && st.publish.is_none(),
+            "id {id}"
+        );
+    }
+    let f = step.fetches.first().expect("fetch").clone();
+    let once = s.on_response(f.id, fake.serve(&f).expect("answer"), 0);
+    assert!(once.errors.is_empty());
+    let twice = s.on_response(f.id, Outcome::NoResponse, 0);
+    assert!(
+        twice.errors.is_empty() && twice.publish.is_none(),
+        "a second answer to the same id is ignored"
+    );
+    let mut r = Round::default();
+    answer(&mut s, &fake, step.fetches.into_iter().skip(1).collect(), 0, &mut r);
+    assert!(r.errors.is_empty());
+    assert!(r.publish.is_some());
+}
+
+#[test]
+fn merge_is_independent_of_peer_order_and_answer_order() {
+    let fake = fake();
+    let with_peers = |peers: &str| {
+        let json = format!(
+            r#"{{"local_cluster":"local","local_name":"local","peers":{peers},"refresh_interval":"1s","staleness_limit":"3s"}}"#
+        );
+        Config::parse(json.as_bytes()).expect("config")
+    };
+    let a = with_peers(r#"[{"name":"peer-b","cluster":"peer-b"},{"name":"peer-c","cluster":"peer-c"}]"#);
+    let b = with_peers(r#"[{"name":"peer-c","cluster":"peer-c"},{"name":"peer-b","cluster":"peer-b"}]"#);
+
+    let mut s1 = Syncer::new(&a);
+    let p1 = round(&mut s1, &fake, 42).publish.expect("p1");
+
+    // Other peer order, and answers delivered in reverse.
+    let mut s2 = Syncer::new(&b);
+    let step = s2.on_tick(42);
+    let mut r2 = Round::default();
+    let mut reversed: Vec<Fetch> = step.fetches;
+    reversed.reverse();
+    answer(&mut s2, &fake, reversed.into(), 42, &mut r2);
+    let p2 = r2.publish.expect("p2");
+
+    assert_eq!(p1.merged_apis, p2.merged_apis, "merged /apis is byte-identical");
+    assert_eq!(p1.merged_api, p2.merged_api, "merged /api is byte-identical");
+    assert_eq!(p1.table.encode(), p2.table.encode(), "table is byte-identical");
+    assert_eq!(p1, p2);
+
+    // And the same again from a third syncer.
+    let mut s3 = Syncer::new(&a);
+    let p3 = round(&mut s3, &fake, 42).publish.expect("p3");
+    assert_eq!(p1, p3);
+}
+
+#[test]
+fn local_first_then_peers_by_name_in_the_merge() {
+    // A peer whose name sorts before the local server still comes after it.
+    let json =
+        r#"{"local_cluster":"zz-local","local_name":"zz-local","peers":[{"name":"aa-peer","cluster":"aa-peer"}]}"#;
+    let mut s = Syncer::new(&Config::parse(json.as_bytes()).expect("config"));
+    let mut fake = Fake::default();
+    let mut local_res = res("things", &[]);
+    local_res.singular_resource = "local-singular".into();
+    let mut peer_res = res("things", &["status"]);
+    peer_res.singular_resource = "peer-singular".into();
+    fake.aggregated(
+        "zz-local",
+        "/apis",
+        to_v2_json(&[group("x.io", vec![ver("v1", vec![local_res])])]),
+    );
+    fake.aggregated(
+        "aa-peer",
+        "/apis",
+        to_v2_json(&[group("x.io", vec![ver("v1", vec![peer_res])])]),
+    );
+    let r = round(&mut s, &fake, 0);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    let p = r.publish.expect("snapshot");
+    assert_eq!(
+        p.table.servers.iter().map(|x| x.name.as_str()).collect::<Vec<_>>(),
+        ["zz-local", "aa-peer"]
+    );
+    let merged = parse_aggregated(&p.merged_apis).expect("merged");
+    let things = merged
+        .items
+        .first()
+        .and_then(|g| g.versions.first())
+        .and_then(|v| v.resources.first())
+        .expect("things");
+    assert_eq!(things.singular_resource, "local-singular");
+    assert_eq!(things.subresources.len(), 1);
+    // Both /api answered 404: the merged /api is an empty list.
+    assert_eq!(parse_aggregated(&p.merged_api).expect("api").items.len(), 0);
+    assert_eq!(
+        route(&p.table, "PUT", "/apis/x.io/v1/namespaces/a/things/t/status"),
+        to(1, "x.io", "v1", "things")
+    );
+    assert_eq!(
+        route(&p.table, "GET", "/apis/x.io/v1/things"),
+        Decision::Local(LocalReason::ServedLocally)
+    );
+}
+
+#[test]
+fn huge_durations_do_not_overflow() {
+    let c = Config::parse(
+        br#"{"local_cluster":"local","refresh_interval":"18446744073709551615s","fetch_timeout":"18446744073709551615s","staleness_limit":"18446744073709551615s"}"#,
+    )
+    .expect("config");
+    let mut s = Syncer::new(&c);
+    assert_eq!(s.fetch_timeout_ms(), u64::MAX);
+    let mut fake = Fake::default();
+    fake.aggregated(
+        "local",
+        "/apis",
+        to_v2_json(&[group("x.io", vec![ver("v1", vec![res("things", &[])])])]),
+    );
+    // The round is still waiting long after any realistic time: the deadline saturates.
+    let step = s.on_tick(0);
+    assert_eq!(step.fetches.len(), 2);
+    let later = s.on_tick(u64::MAX - 1);
+    assert!(later.fetches.is_empty() && later.errors.is_empty() && later.publish.is_none());
+    let mut r = Round::default();
+    answer(&mut s, &fake, step.fetches.into(), 1_000, &mut r);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    let p = r.publish.expect("snapshot");
+    assert_eq!(
+        route(&p.table, "GET", "/apis/x.io/v1/things"),
+        Decision::Local(LocalReason::ServedLocally)
+    );
+    // No new round before the (saturated) refresh time.
+    assert!(s.on_tick(u64::MAX - 1).fetches.is_empty());
+}

@@ -1,0 +1,822 @@
+//! The routing decision table (design.md "The decision, in order").
+#![cfg(test)]
+
+mod common;
+
+use common::{group, res, ver};
+use kube_peer_proxy::routing::{decide, Decision, Gvr, LocalReason, MergedDoc, RequestFacts};
+use kube_peer_proxy::snapshot::{ServerDiscovery, ServerRef, Table};
+
+const V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json";
+const NOPEER: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;profile=nopeer,application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json";
+const LEGACY: &str = "application/json";
+
+const LOCAL: usize = 0;
+const PEER_B: usize = 1;
+const PEER_C: usize = 2;
+
+/// Server 0: local (old), 1: peer-b (new), 2: peer-c (new).
+fn table() -> Table {
+    let local = ServerDiscovery {
+        core: vec![group(
+            "",
+            vec![ver(
+                "v1",
+                vec![res("pods", &["status", "exec", "log"]), res("configmaps", &[])],
+            )],
+        )],
+        groups: vec![
+            group("apps", vec![ver("v1", vec![res("deployments", &["scale", "status"])])]),
+            group(
+                "resource.k8s.io",
+                vec![ver("v1beta1", vec![res("resourceclaims", &["status"])])],
+            ),
+        ],
+    };
+    let peer_b = ServerDiscovery {
+        core: vec![group(
+            "",
+            vec![ver("v1", vec![res("pods", &["status", "exec", "log", "resize"])])],
+        )],
+        groups: vec![
+            group("apps", vec![ver("v1", vec![res("deployments", &["scale", "status"])])]),
+            group(
+                "resource.k8s.io",
+                vec![
+                    ver("v1", vec![res("resourceclaims", &["status"])]),
+                    ver("v1beta1", vec![res("resourceclaims", &["status"])]),
+                ],
+            ),
+            group(
+                "lifecycle.k8s.io",
+                vec![ver("v1alpha1", vec![res("evictionrequests", &[])])],
+            ),
+        ],
+    };
+    let peer_c = ServerDiscovery {
+        core: vec![group("", vec![ver("v1", vec![res("pods", &["status"])])])],
+        groups: vec![
+            group(
+                "resource.k8s.io",
+                vec![ver("v1", vec![res("resourceclaims", &["status"])])],
+            ),
+            group("only-c.example.com", vec![ver("v1", vec![res("widgets", &["scale"])])]),
+        ],
+    };
+    let mut t = Table::build(&[
+        (
+            ServerRef {
+                name: "local".into(),
+                cluster: "local".into(),
+                local: true,
+            },
+            &local,
+        ),
+        (
+            ServerRef {
+                name: "peer-b".into(),
+                cluster: "peer-b".into(),
+                local: false,
+            },
+            &peer_b,
+        ),
+        (
+            ServerRef {
+                name: "peer-c".into(),
+                cluster: "peer-c".into(),
+                local: false,
+            },
+            &peer_c,
+        ),
+    ]);
+    t.generation = 1;
+    t
+}
+
+fn gvr(g: &str, v: &str, r: &str) -> Gvr {
+    Gvr {
+        group: g.into(),
+        version: v.into(),
+        resource: r.into(),
+    }
+}
+
+fn peer(index: usize, g: &str, v: &str, r: &str) -> Decision {
+    Decision::Peer {
+        index,
+        gvr: gvr(g, v, r),
+    }
+}
+
+struct Row {
+    name: &'static str,
+    method: &'static str,
+    path: &'static str,
+    accept: Option<&'static str>,
+    peer_proxied: Option<&'static str>,
+    /// Whether a snapshot exists.
+    table: bool,
+    merged_discovery: bool,
+    want: Decision,
+}
+
+impl Default for Row {
+    fn default() -> Self {
+        Row {
+            name: "",
+            method: "GET",
+            path: "/",
+            accept: None,
+            peer_proxied: None,
+            table: true,
+            merged_discovery: true,
+            want: Decision::Local(LocalReason::NonResource),
+        }
+    }
+}
+
+#[test]
+fn decision_table() {
+    use Decision::{Local, Merged, NotReady};
+    use LocalReason::*;
+    let rows = vec![
+        // Loop prevention.
+        Row {
+            name: "already proxied resource request",
+            path: "/apis/lifecycle.k8s.io/v1alpha1/evictionrequests",
+            peer_proxied: Some("true"),
+            want: Local(AlreadyProxied),
+            ..Default::default()
+        },
+        Row {
+            name: "already proxied merged discovery",
+            path: "/apis",
+            accept: Some(V2),
+            peer_proxied: Some("true"),
+            want: Local(AlreadyProxied),
+            ..Default::default()
+        },
+        Row {
+            name: "already proxied without a snapshot",
+            path: "/apis/lifecycle.k8s.io/v1alpha1/evictionrequests",
+            peer_proxied: Some("true"),
+            table: false,
+            want: Local(AlreadyProxied),
+            ..Default::default()
+        },
+        Row {
+            name: "peer-proxied: false is ignored",
+            path: "/apis/lifecycle.k8s.io/v1alpha1/evictionrequests",
+            peer_proxied: Some("false"),
+            want: peer(PEER_B, "lifecycle.k8s.io", "v1alpha1", "evictionrequests"),
+            ..Default::default()
+        },
+        Row {
+            name: "peer-proxied: TRUE (not exactly true) is ignored",
+            path: "/apis/lifecycle.k8s.io/v1alpha1/evictionrequests",
+            peer_proxied: Some("TRUE"),
+            want: peer(PEER_B, "lifecycle.k8s.io", "v1alpha1", "evictionrequests"),
+            ..Default::default()
+        },
+        Row {
+            name: "peer-proxied: false is ignored for discovery",
+            path: "/apis",
+            accept: Some(V2),
+            peer_proxied: Some("false"),
+            want: Merged(MergedDoc::Apis),
+            ..Default::default()
+        },
+        // Not ready.
+        Row {
+            name: "no snapshot, resource request",
+            path: "/api/v1/namespaces/ns1/pods",
+            table: false,
+            want: NotReady,
+            ..Default::default()
+        },
+        Row {
+            name: "no snapshot, POST resource request",
+            method: "POST",
+            path: "/apis/apps/v1/namespaces/ns1/deployments",
+            table: false,
+            want: NotReady,
+            ..Default::default()
+        },
+        Row {
+            name: "no snapshot, merged /apis",
+            path: "/apis",
+            accept: Some(V2),
+            table: false,
+            want: NotReady,
+            ..Default::default()
+        },
+        Row {
+            name: "no snapshot, merged /api",
+            path: "/api",
+            accept: Some(V2),
+            table: false,
+            want: NotReady,
+            ..Default::default()
+        },
+        Row {
+            name: "no snapshot, group-version discovery",
+            path: "/apis/apps/v1",
+            table: false,
+            want: NotReady,
+            ..Default::default()
+        },
+        Row {
+            name: "no snapshot, nopeer /apis stays local",
+            path: "/apis",
+            accept: Some(NOPEER),
+            table: false,
+            want: Local(LocalDiscovery),
+            ..Default::default()
+        },
+        Row {
+            name: "no snapshot, /healthz",
+            path: "/healthz",
+            table: false,
+            want: Local(NonResource),
+            ..Default::default()
+        },
+        Row {
+            name: "no snapshot, invalid",
+            path: "/api/v1/watch",
+            table: false,
+            want: Local(Invalid),
+            ..Default::default()
+        },
+        // Resource requests.
+        Row {
+            name: "locally served",
+            path: "/api/v1/namespaces/ns1/pods",
+            want: Local(ServedLocally),
+            ..Default::default()
+        },
+        Row {
+            name: "locally served watch",
+            path: "/apis/apps/v1/deployments?watch=1",
+            want: Local(ServedLocally),
+            ..Default::default()
+        },
+        Row {
+            name: "served locally and by a peer stays local",
+            path: "/apis/resource.k8s.io/v1beta1/resourceclaims",
+            want: Local(ServedLocally),
+            ..Default::default()
+        },
+        Row {
+            name: "peer-only GVR",
+            path: "/apis/lifecycle.k8s.io/v1alpha1/namespaces/ns1/evictionrequests/e1",
+            want: peer(PEER_B, "lifecycle.k8s.io", "v1alpha1", "evictionrequests"),
+            ..Default::default()
+        },
+        Row {
+            name: "peer-only GVR via legacy watch prefix",
+            path: "/apis/lifecycle.k8s.io/v1alpha1/watch/evictionrequests",
+            want: peer(PEER_B, "lifecycle.k8s.io", "v1alpha1", "evictionrequests"),
+            ..Default::default()
+        },
+        Row {
+            name: "peer-only GVR, POST",
+            method: "POST",
+            path: "/apis/lifecycle.k8s.io/v1alpha1/namespaces/ns1/evictionrequests",
+            want: peer(PEER_B, "lifecycle.k8s.io", "v1alpha1", "evictionrequests"),
+            ..Default::default()
+        },
+        Row {
+            name: "peer-only GVR, DELETE collection",
+            method: "DELETE",
+            path: "/apis/lifecycle.k8s.io/v1alpha1/namespaces/ns1/evictionrequests",
+            want: peer(PEER_B, "lifecycle.k8s.io", "v1alpha1", "evictionrequests"),
+            ..Default::default()
+        },
+        Row {
+            name: "peer-only GVR on the other peer",
+            path: "/apis/only-c.example.com/v1/widgets",
+            want: peer(PEER_C, "only-c.example.com", "v1", "widgets"),
+            ..Default::default()
+        },
+        Row {
+            name: "served by nobody",
+            path: "/apis/nope.example.com/v1/things",
+            want: Local(NotServedAnywhere),
+            ..Default::default()
+        },
+        Row {
+            name: "unknown resource in a known group version",
+            path: "/apis/apps/v1/nopes",
+            want: Local(NotServedAnywhere),
+            ..Default::default()
+        },
+        // Subresource awareness.
+        Row {
+            name: "pods/resize only on a peer while pods is local",
+            method: "PATCH",
+            path: "/api/v1/namespaces/ns1/pods/p1/resize",
+            want: peer(PEER_B, "", "v1", "pods"),
+            ..Default::default()
+        },
+        Row {
+            name: "pods/status served locally",
+            method: "PUT",
+            path: "/api/v1/namespaces/ns1/pods/p1/status",
+            want: Local(ServedLocally),
+            ..Default::default()
+        },
+        Row {
+            name: "unknown subresource of a local resource",
+            path: "/api/v1/namespaces/ns1/pods/p1/bogus",
+            want: Local(ServedLocally),
+            ..Default::default()
+        },
+        Row {
+            name: "pod proxy subresource unknown everywhere falls back to the local parent",
+            path: "/api/v1/namespaces/ns1/pods/p1/proxy/metrics",
+            want: Local(ServedLocally),
+            ..Default::default()
+        },
+        Row {
+            name: "unknown subresource of a peer-only resource goes to the peer serving the parent",
+            path: "/apis/lifecycle.k8s.io/v1alpha1/namespaces/ns1/evictionrequests/e1/status",
+            want: peer(PEER_B, "lifecycle.k8s.io", "v1alpha1", "evictionrequests"),
+            ..Default::default()
+        },
+        Row {
+            name: "known subresource of a peer-only resource",
+            path: "/apis/only-c.example.com/v1/widgets/w1/scale",
+            want: peer(PEER_C, "only-c.example.com", "v1", "widgets"),
+            ..Default::default()
+        },
+        // Non-resource discovery.
+        Row {
+            name: "/apis/<g>/<v> peer-only",
+            path: "/apis/lifecycle.k8s.io/v1alpha1",
+            want: peer(PEER_B, "lifecycle.k8s.io", "v1alpha1", ""),
+            ..Default::default()
+        },
+        Row {
+            name: "/apis/<g>/<v>/ peer-only with trailing slash",
+            path: "/apis/lifecycle.k8s.io/v1alpha1/",
+            want: peer(PEER_B, "lifecycle.k8s.io", "v1alpha1", ""),
+            ..Default::default()
+        },
+        Row {
+            name: "/apis/<g> peer-only",
+            path: "/apis/lifecycle.k8s.io",
+            want: peer(PEER_B, "lifecycle.k8s.io", "", ""),
+            ..Default::default()
+        },
+        Row {
+            name: "/apis/<g>/<v> local",
+            path: "/apis/apps/v1",
+            want: Local(ServedLocally),
+            ..Default::default()
+        },
+        Row {
+            name: "/apis/<g>/<v> with a peer-only version of a local group",
+            path: "/apis/resource.k8s.io/v1",
+            want: peer(PEER_B, "resource.k8s.io", "v1", ""),
+            ..Default::default()
+        },
+        Row {
+            name: "/apis/<g> local",
+            path: "/apis/apps",
+            want: Local(ServedLocally),
+            ..Default::default()
+        },
+        Row {
+            name: "/api/v1 local",
+            path: "/api/v1",
+            want: Local(ServedLocally),
+            ..Default::default()
+        },
+        Row {
+            name: "/api/v2 nowhere",
+            path: "/api/v2",
+            want: Local(NotServedAnywhere),
+            ..Default::default()
+        },
+        Row {
+            name: "/apis/<g>/<v> nowhere",
+            path: "/apis/nope.example.com/v1",
+            want: Local(NotServedAnywhere),
+            ..Default::default()
+        },
+        // Merged discovery.
+        Row {
+            name: "/apis v2",
+            path: "/apis",
+            accept: Some(V2),
+            want: Merged(MergedDoc::Apis),
+            ..Default::default()
+        },
+        Row {
+            name: "/api v2",
+            path: "/api",
+            accept: Some(V2),
+            want: Merged(MergedDoc::Api),
+            ..Default::default()
+        },
+        Row {
+            name: "/apis/ v2",
+            path: "/apis/",
+            accept: Some(V2),
+            want: Merged(MergedDoc::Apis),
+            ..Default::default()
+        },
+        Row {
+            name: "/apis?timeout v2",
+            path: "/apis?timeout=32s",
+            accept: Some(V2),
+            want: Merged(MergedDoc::Apis),
+            ..Default::default()
+        },
+        Row {
+            name: "/apis nopeer",
+            path: "/apis",
+            accept: Some(NOPEER),
+            want: Local(LocalDiscovery),
+            ..Default::default()
+        },
+        Row {
+            name: "/api nopeer",
+            path: "/api",
+            accept: Some(NOPEER),
+            want: Local(LocalDiscovery),
+            ..Default::default()
+        },
+        Row {
+            name: "/apis legacy",
+            path: "/apis",
+            accept: Some(LEGACY),
+            want: Local(LocalDiscovery),
+            ..Default::default()
+        },
+        Row {
+            name: "/apis no Accept",
+            path: "/apis",
+            want: Local(LocalDiscovery),
+            ..Default::default()
+        },
+        Row {
+            name: "/apis POST",
+            method: "POST",
+            path: "/apis",
+            accept: Some(V2),
+            want: Local(LocalDiscovery),
+            ..Default::default()
+        },
+        Row {
+            name: "/apis HEAD",
+            method: "HEAD",
+            path: "/apis",
+            accept: Some(V2),
+            want: Local(LocalDiscovery),
+            ..Default::default()
+        },
+        Row {
+            name: "/apis lower-case get",
+            method: "get",
+            path: "/apis",
+            accept: Some(V2),
+            want: Merged(MergedDoc::Apis),
+            ..Default::default()
+        },
+        Row {
+            name: "/apis merged_discovery=false",
+            path: "/apis",
+            accept: Some(V2),
+            merged_discovery: false,
+            want: Local(LocalDiscovery),
+            ..Default::default()
+        },
+        Row {
+            name: "/api merged_discovery=false, no snapshot",
+            path: "/api",
+            accept: Some(V2),
+            merged_discovery: false,
+            table: false,
+            want: Local(LocalDiscovery),
+            ..Default::default()
+        },
+        // Other non-resource paths and invalid requests.
+        Row {
+            name: "/healthz",
+            path: "/healthz",
+            want: Local(NonResource),
+            ..Default::default()
+        },
+        Row {
+            name: "/version",
+            path: "/version",
+            accept: Some(V2),
+            want: Local(NonResource),
+            ..Default::default()
+        },
+        Row {
+            name: "/openapi/v3",
+            path: "/openapi/v3/apis/lifecycle.k8s.io/v1alpha1",
+            want: Local(NonResource),
+            ..Default::default()
+        },
+        Row {
+            name: "invalid /api/v1/watch",
+            path: "/api/v1/watch",
+            want: Local(Invalid),
+            ..Default::default()
+        },
+        Row {
+            name: "invalid /apis/g/v/proxy",
+            path: "/apis/lifecycle.k8s.io/v1alpha1/proxy",
+            want: Local(Invalid),
+            ..Default::default()
+        },
+    ];
+    let t = table();
+    for row in rows {
+        let facts = RequestFacts {
+            method: row.method,
+            path: row.path,
+            accept: row.accept,
+            peer_proxied: row.peer_proxied,
+        };
+        let mut pick = |_: usize| 0;
+        let got = decide(&facts, row.table.then_some(&t), row.merged_discovery, &mut pick);
+        assert_eq!(got, row.want, "{}", row.name);
+    }
+}
+
+#[test]
+fn pick_chooses_among_candidate_peers() {
+    let t = table();
+    let facts = RequestFacts {
+        method: "GET",
+        path: "/apis/resource.k8s.io/v1/namespaces/ns1/resourceclaims/c1",
+        accept: None,
+        peer_proxied: None,
+    };
+    let mut seen = Vec::new();
+    for choice in [0usize, 1] {
+        let mut asked = Vec::new();
+        let mut pick = |n: usize| {
+            asked.push(n);
+            choice
+        };
+        let got = decide(&facts, Some(&t), true, &mut pick);
+        assert_eq!(asked, [2], "pick is asked once with the number of candidates");
+        match got {
+            Decision::Peer { index, gvr: g } => {
+                assert_eq!(g, gvr("resource.k8s.io", "v1", "resourceclaims"));
+                seen.push(index);
+            }
+            other => panic!("choice {choice}: {other:?}"),
+        }
+    }
+    assert_eq!(seen, [PEER_B, PEER_C], "both peers are reachable by different picks");
+    assert!(!seen.contains(&LOCAL));
+
+    // An out-of-range pick is clamped to the last candidate.
+    let mut pick = |_: usize| 99;
+    assert_eq!(
+        decide(&facts, Some(&t), true, &mut pick),
+        peer(PEER_C, "resource.k8s.io", "v1", "resourceclaims")
+    );
+
+    // A single candidate: pick is still asked with n = 1.
+    let facts = RequestFacts {
+        path: "/apis/only-c.example.com/v1/widgets",
+        ..facts
+    };
+    let mut asked = Vec::new();
+    let mut pick = |n: usize| {
+        asked.push(n);
+        0
+    };
+    assert_eq!(
+        decide(&facts, Some(&t), true, &mut pick),
+        peer(PEER_C, "only-c.example.com", "v1", "widgets")
+    );
+    assert_eq!(asked, [1]);
+}
+
+#[test]
+fn pick_is_not_called_when_the_request_stays_local() {
+    let t = table();
+    for path in [
+        "/api/v1/pods",
+        "/apis/nope.io/v1/x",
+        "/healthz",
+        "/api/v1/watch",
+        "/apis",
+    ] {
+        let facts = RequestFacts {
+            method: "GET",
+            path,
+            accept: Some(V2),
+            peer_proxied: None,
+        };
+        let mut pick = |_: usize| -> usize { panic!("pick called for {path}") };
+        let _ = decide(&facts, Some(&t), true, &mut pick);
+    }
+}
+
+#[test]
+fn local_server_missing_from_the_table() {
+    // When the local server has no fresh data, whatever a peer serves goes to that peer.
+    let peer_b = ServerDiscovery {
+        core: vec![group("", vec![ver("v1", vec![res("pods", &[])])])],
+        groups: Vec::new(),
+    };
+    let t = Table::build(&[(
+        ServerRef {
+            name: "peer-b".into(),
+            cluster: "peer-b".into(),
+            local: false,
+        },
+        &peer_b,
+    )]);
+    let facts = RequestFacts {
+        method: "GET",
+        path: "/api/v1/pods",
+        accept: None,
+        peer_proxied: None,
+    };
+    let mut pick = |_: usize| 0;
+    assert_eq!(decide(&facts, Some(&t), true, &mut pick), peer(0, "", "v1", "pods"));
+    // An empty table: everything stays local.
+    let empty = Table::default();
+    assert_eq!(
+        decide(&facts, Some(&empty), true, &mut pick),
+        Decision::Local(LocalReason::NotServedAnywhere)
+    );
+}
+
+#[test]
+fn never_panics() {
+    let t = table();
+    let long = format!("/apis/{}/v1/{}", "g".repeat(10_000), "r/".repeat(5_000));
+    let paths = [
+        "",
+        "?",
+        "/",
+        "//",
+        "/api",
+        "/apis",
+        "/api/v1//pods",
+        "/apis///",
+        "/apis/🦀/🦀/🦀/🦀",
+        long.as_str(),
+        "/api/v1/pods?watch=%",
+        "/apis/a/b/c/d/e/f/g/h",
+    ];
+    let accepts = [None, Some(""), Some(V2), Some(NOPEER), Some(",,,;;;==="), Some("🦀")];
+    for path in paths {
+        for accept in accepts {
+            for method in ["GET", "POST", "", "OPTIONS"] {
+                for table in [None, Some(&t)] {
+                    let facts = RequestFacts {
+                        method,
+                        path,
+                        accept,
+                        peer_proxied: None,
+                    };
+                    let mut pick = |n: usize| n.wrapping_add(5);
+                    let _ = decide(&facts, table, true, &mut pick);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn unhealthy_peers_are_not_routed_to() {
+    use kube_peer_proxy::routing::decide_with;
+    let mut t = table();
+    t.unhealthy = 1 << PEER_B;
+    let get = |path| RequestFacts {
+        method: "GET",
+        path,
+        accept: None,
+        peer_proxied: None,
+    };
+    let mut asked = Vec::new();
+    let mut pick = |n: usize| {
+        asked.push(n);
+        0
+    };
+    // Two candidates, one unhealthy: the healthy one is the only choice.
+    assert_eq!(
+        decide(
+            &get("/apis/resource.k8s.io/v1/resourceclaims"),
+            Some(&t),
+            true,
+            &mut pick
+        ),
+        peer(PEER_C, "resource.k8s.io", "v1", "resourceclaims")
+    );
+    // Only an unhealthy peer serves it: 503 rather than a false 404.
+    assert_eq!(
+        decide(
+            &get("/apis/lifecycle.k8s.io/v1alpha1/evictionrequests"),
+            Some(&t),
+            true,
+            &mut pick
+        ),
+        Decision::Unavailable {
+            gvr: gvr("lifecycle.k8s.io", "v1alpha1", "evictionrequests")
+        }
+    );
+    assert_eq!(
+        decide(&get("/api/v1/namespaces/a/pods/p/resize"), Some(&t), true, &mut pick),
+        Decision::Unavailable {
+            gvr: gvr("", "v1", "pods")
+        }
+    );
+    // Local and nowhere-served requests are unaffected.
+    assert_eq!(
+        decide(&get("/api/v1/pods"), Some(&t), true, &mut pick),
+        Decision::Local(LocalReason::ServedLocally)
+    );
+    assert_eq!(
+        decide(&get("/apis/nope.io/v1/x"), Some(&t), true, &mut pick),
+        Decision::Local(LocalReason::NotServedAnywhere)
+    );
+    // An unhealthy local bit does not matter: the local server always serves what it has.
+    t.unhealthy = 1 << LOCAL;
+    assert_eq!(
+        decide(&get("/api/v1/pods"), Some(&t), true, &mut pick),
+        Decision::Local(LocalReason::ServedLocally)
+    );
+    assert_eq!(asked, [1], "pick is only asked when a healthy candidate exists");
+
+    // Passive health: is_down is asked only about candidate peers.
+    let t = table();
+    struct D {
+        name: &'static str,
+        path: &'static str,
+        down: &'static [usize],
+        want: Decision,
+        asked: &'static [usize],
+    }
+    let rows = [
+        D {
+            name: "no peer down",
+            path: "/apis/resource.k8s.io/v1/resourceclaims",
+            down: &[],
+            want: peer(PEER_B, "resource.k8s.io", "v1", "resourceclaims"),
+            asked: &[PEER_B, PEER_C],
+        },
+        D {
+            name: "first candidate down",
+            path: "/apis/resource.k8s.io/v1/resourceclaims",
+            down: &[PEER_B],
+            want: peer(PEER_C, "resource.k8s.io", "v1", "resourceclaims"),
+            asked: &[PEER_B, PEER_C],
+        },
+        D {
+            name: "every candidate down",
+            path: "/apis/resource.k8s.io/v1/resourceclaims",
+            down: &[PEER_B, PEER_C],
+            want: Decision::Unavailable {
+                gvr: gvr("resource.k8s.io", "v1", "resourceclaims"),
+            },
+            asked: &[PEER_B, PEER_C],
+        },
+        D {
+            name: "a down peer that does not serve it",
+            path: "/apis/only-c.example.com/v1/widgets",
+            down: &[PEER_B],
+            want: peer(PEER_C, "only-c.example.com", "v1", "widgets"),
+            asked: &[PEER_C],
+        },
+        D {
+            name: "local request asks nothing",
+            path: "/api/v1/pods",
+            down: &[LOCAL, PEER_B, PEER_C],
+            want: Decision::Local(LocalReason::ServedLocally),
+            asked: &[],
+        },
+        D {
+            name: "group-version discovery of a down peer",
+            path: "/apis/lifecycle.k8s.io/v1alpha1",
+            down: &[PEER_B],
+            want: Decision::Unavailable {
+                gvr: gvr("lifecycle.k8s.io", "v1alpha1", ""),
+            },
+            asked: &[PEER_B],
+        },
+    ];
+    for row in rows {
+        let mut asked = Vec::new();
+        let mut is_down = |i: usize| {
+            asked.push(i);
+            row.down.contains(&i)
+        };
+        let mut pick = |_: usize| 0;
+        let got = decide_with(&get(row.path), Some(&t), true, &mut pick, &mut is_down);
+        assert_eq!(got, row.want, "{}", row.name);
+        assert_eq!(asked, row.asked, "{}", row.name);
+    }
+}

@@ -1,0 +1,292 @@
+//! The serving table: keys, bit sets, encoding, ETags.
+#![cfg(test)]
+
+mod common;
+
+use common::{fixture, group, res, stale, ver, AGG_133, AGG_137};
+use kube_peer_proxy::discovery::parse_aggregated;
+use kube_peer_proxy::snapshot::{
+    etag, group_key, resource_key, subresource_key, version_key, ServerDiscovery, ServerRef, Table, MAX_SERVERS,
+};
+
+fn server(name: &str, local: bool) -> ServerRef {
+    ServerRef {
+        name: name.into(),
+        cluster: format!("cluster-{name}"),
+        local,
+    }
+}
+
+fn sample() -> (ServerDiscovery, ServerDiscovery) {
+    let local = ServerDiscovery {
+        core: vec![group(
+            "",
+            vec![ver(
+                "v1",
+                vec![res("pods", &["status", "exec"]), res("configmaps", &[])],
+            )],
+        )],
+        groups: vec![
+            group("apps", vec![ver("v1", vec![res("deployments", &["scale", "status"])])]),
+            group("metrics.k8s.io", vec![stale("v1beta1")]),
+        ],
+    };
+    let peer = ServerDiscovery {
+        core: vec![group(
+            "",
+            vec![ver("v1", vec![res("pods", &["status", "exec", "resize"])])],
+        )],
+        groups: vec![
+            group("apps", vec![ver("v1", vec![res("deployments", &["scale", "status"])])]),
+            group(
+                "resource.k8s.io",
+                vec![ver("v1", vec![res("resourceclaims", &["status"])])],
+            ),
+            group("stale.io", vec![stale_with_resources("v1", "widgets")]),
+        ],
+    };
+    (local, peer)
+}
+
+/// A Stale version that still lists resources (a peer's stale GV must not attract traffic).
+fn stale_with_resources(version: &str, resource: &str) -> kube_peer_proxy::discovery::VersionDiscovery {
+    let mut v = stale(version);
+    v.resources = vec![res(resource, &["status"])];
+    v
+}
+
+#[test]
+fn keys_are_distinct_by_shape() {
+    assert_eq!(resource_key("", "v1", "pods"), "r//v1/pods");
+    assert_eq!(subresource_key("", "v1", "pods", "resize"), "s//v1/pods/resize");
+    assert_eq!(version_key("apps", "v1"), "v/apps/v1");
+    assert_eq!(group_key("apps"), "g/apps");
+    assert_eq!(group_key(""), "g/");
+}
+
+#[test]
+fn build_and_lookup() {
+    let (local, peer) = sample();
+    let table = Table::build(&[(server("local", true), &local), (server("peer-b", false), &peer)]);
+    assert_eq!(table.generation, 0);
+    assert_eq!(table.servers.len(), 2);
+    assert_eq!(table.local_mask(), 0b01);
+
+    struct K {
+        key: String,
+        want: u64,
+    }
+    let rows = [
+        K {
+            key: resource_key("", "v1", "pods"),
+            want: 0b11,
+        },
+        K {
+            key: resource_key("", "v1", "configmaps"),
+            want: 0b01,
+        },
+        K {
+            key: subresource_key("", "v1", "pods", "status"),
+            want: 0b11,
+        },
+        K {
+            key: subresource_key("", "v1", "pods", "resize"),
+            want: 0b10,
+        },
+        K {
+            key: subresource_key("", "v1", "pods", "nope"),
+            want: 0,
+        },
+        K {
+            key: version_key("", "v1"),
+            want: 0b11,
+        },
+        K {
+            key: group_key(""),
+            want: 0b11,
+        },
+        K {
+            key: resource_key("apps", "v1", "deployments"),
+            want: 0b11,
+        },
+        K {
+            key: subresource_key("apps", "v1", "deployments", "scale"),
+            want: 0b11,
+        },
+        K {
+            key: resource_key("resource.k8s.io", "v1", "resourceclaims"),
+            want: 0b10,
+        },
+        K {
+            key: version_key("resource.k8s.io", "v1"),
+            want: 0b10,
+        },
+        K {
+            key: group_key("resource.k8s.io"),
+            want: 0b10,
+        },
+        // Stale versions are not served by anybody.
+        K {
+            key: version_key("metrics.k8s.io", "v1beta1"),
+            want: 0,
+        },
+        K {
+            key: group_key("metrics.k8s.io"),
+            want: 0,
+        },
+        K {
+            key: resource_key("stale.io", "v1", "widgets"),
+            want: 0,
+        },
+        K {
+            key: subresource_key("stale.io", "v1", "widgets", "status"),
+            want: 0,
+        },
+        K {
+            key: group_key("stale.io"),
+            want: 0,
+        },
+        K {
+            key: resource_key("apps", "v1", "nope"),
+            want: 0,
+        },
+        K {
+            key: "garbage".into(),
+            want: 0,
+        },
+    ];
+    for row in rows {
+        assert_eq!(table.servers_for(&row.key), row.want, "{}", row.key);
+    }
+}
+
+#[test]
+fn local_mask_follows_the_local_flag() {
+    let (local, peer) = sample();
+    let t = Table::build(&[(server("peer-b", false), &peer), (server("local", true), &local)]);
+    assert_eq!(t.local_mask(), 0b10);
+    let t = Table::build(&[(server("peer-b", false), &peer)]);
+    assert_eq!(t.local_mask(), 0, "local server without fresh data");
+    assert_eq!(Table::default().local_mask(), 0);
+    assert_eq!(Table::default().servers_for(&resource_key("", "v1", "pods")), 0);
+}
+
+#[test]
+fn encode_decode_roundtrip() {
+    let (local, peer) = sample();
+    let mut table = Table::build(&[(server("local", true), &local), (server("peer-b", false), &peer)]);
+    table.generation = 7;
+    table.built_ms = 1_700_000_000_000;
+    table.apis_etag = etag(b"apis");
+    table.api_etag = etag(b"api");
+    let bytes = table.encode();
+    let decoded = Table::decode(&bytes).expect("decode");
+    assert_eq!(decoded, table);
+    // Deterministic encoding: building again gives the same bytes.
+    let mut again = Table::build(&[(server("local", true), &local), (server("peer-b", false), &peer)]);
+    again.generation = 7;
+    again.built_ms = 1_700_000_000_000;
+    again.apis_etag = etag(b"apis");
+    again.api_etag = etag(b"api");
+    assert_eq!(again.encode(), bytes);
+    assert_eq!(decoded.encode(), bytes);
+
+    assert!(Table::decode(b"").is_err());
+    assert!(Table::decode(b"{").is_err());
+    assert!(Table::decode(b"{}").is_err());
+    assert!(Table::decode(br#"{"generation":"x"}"#).is_err());
+}
+
+#[test]
+fn fixtures_build_a_table() {
+    let old = ServerDiscovery {
+        core: Vec::new(),
+        groups: parse_aggregated(&fixture(AGG_133)).expect("1.33").items,
+    };
+    let new = ServerDiscovery {
+        core: Vec::new(),
+        groups: parse_aggregated(&fixture(AGG_137)).expect("1.37").items,
+    };
+    let table = Table::build(&[(server("old", true), &old), (server("new", false), &new)]);
+    let count = |mask: u64| {
+        table
+            .keys
+            .iter()
+            .filter(|(k, v)| k.starts_with("r/") && **v == mask)
+            .count()
+    };
+    assert_eq!(count(0b01), 12, "GVRs only in 1.33");
+    assert_eq!(count(0b10), 25, "GVRs only in 1.37-dev");
+    assert_eq!(count(0b11), 59, "GVRs in both");
+    assert_eq!(
+        table.servers_for(&resource_key("networking.k8s.io", "v1beta1", "ipaddresses")),
+        0b01
+    );
+    assert_eq!(
+        table.servers_for(&resource_key("resource.k8s.io", "v1", "resourceclaims")),
+        0b10
+    );
+    assert_eq!(
+        table.servers_for(&subresource_key("storage.k8s.io", "v1", "csinodes", "status")),
+        0b10
+    );
+    assert_eq!(
+        table.servers_for(&resource_key("storage.k8s.io", "v1", "csinodes")),
+        0b11
+    );
+    assert_eq!(table.servers_for(&group_key("lifecycle.k8s.io")), 0b10);
+    let roundtrip = Table::decode(&table.encode()).expect("decode");
+    assert_eq!(roundtrip, table);
+}
+
+#[test]
+fn at_most_max_servers() {
+    let d = ServerDiscovery {
+        core: Vec::new(),
+        groups: vec![group("x.io", vec![ver("v1", vec![res("things", &[])])])],
+    };
+    let servers: Vec<(ServerRef, &ServerDiscovery)> = (0..MAX_SERVERS + 3)
+        .map(|i| (server(&format!("s{i:02}"), i == 0), &d))
+        .collect();
+    let table = Table::build(&servers);
+    assert_eq!(table.servers.len(), MAX_SERVERS);
+    assert_eq!(table.servers_for(&resource_key("x.io", "v1", "things")), u64::MAX);
+}
+
+#[test]
+fn etag_is_stable_and_content_sensitive() {
+    let a = etag(b"{\"items\":[]}");
+    assert_eq!(a, etag(b"{\"items\":[]}"));
+    assert_ne!(a, etag(b"{\"items\":[1]}"));
+    assert_ne!(etag(b""), etag(b" "));
+    assert_ne!(etag(b"ab"), etag(b"ba"));
+    for t in [&a, &etag(b""), &etag(&fixture(AGG_133))] {
+        assert_eq!(t.len(), 34, "{t}");
+        assert!(t.starts_with('"') && t.ends_with('"'), "{t}");
+        let hex = t.trim_matches('"');
+        assert!(
+            hex.chars().all(|c| c.is_ascii_digit() || ('A'..='F').contains(&c)),
+            "{t}"
+        );
+    }
+    // FNV-1a offset basis for the empty input.
+    assert_eq!(etag(b""), "\"6C62272E07BB014262B821756295C58D\"");
+    assert_ne!(etag(&fixture(AGG_133)), etag(&fixture(AGG_137)));
+}
+
+#[test]
+fn unhealthy_mask_roundtrips_and_defaults_to_zero() {
+    let (local, peer) = sample();
+    let mut table = Table::build(&[(server("local", true), &local), (server("peer-b", false), &peer)]);
+    assert_eq!(table.unhealthy, 0);
+    table.unhealthy = 0b10;
+    let decoded = Table::decode(&table.encode()).expect("decode");
+    assert_eq!(decoded.unhealthy, 0b10);
+    assert_eq!(decoded, table);
+    // An encoding without the field (older writer) decodes with nobody unhealthy.
+    let mut v: serde_json::Value = serde_json::from_slice(&table.encode()).expect("json");
+    v.as_object_mut().expect("object").remove("unhealthy");
+    let old = Table::decode(&serde_json::to_vec(&v).expect("bytes")).expect("decode old");
+    assert_eq!(old.unhealthy, 0);
+    assert_eq!(old.keys, table.keys);
+}
