@@ -376,7 +376,15 @@ impl Syncer {
                     *slot = Some(v);
                 }
             }
-            _ => w.failed = true,
+            (purpose, _) => {
+                // E.g. an aggregated list where a resource list belongs: unusable, count it.
+                w.failed = true;
+                step.errors.push(SyncError {
+                    server: s.reference.name.clone(),
+                    kind: "decode",
+                    detail: format!("unexpected document type for {purpose:?}"),
+                });
+            }
         }
         for (path, purpose) in follow {
             step.fetches.push(self.fetch(si, path, purpose));

@@ -90,7 +90,7 @@ pub fn decide_with(
                 if !(is_get && merged_discovery) || accept::negotiate(req.accept) == DiscoveryChoice::Local {
                     return Decision::Local(LocalReason::LocalDiscovery);
                 }
-                if table.is_none() {
+                if table.is_none_or(|t| t.servers.is_empty()) {
                     return Decision::NotReady;
                 }
                 let doc = if *nr == NonResource::ApisRoot {
@@ -120,7 +120,11 @@ pub fn decide_with(
             }
         }
     };
-    let Some(table) = table else { return Decision::NotReady };
+    // A snapshot in which no server has answered yet (or all have gone stale) knows nothing:
+    // routing on it would turn every peer-only resource into a false 404.
+    let Some(table) = table.filter(|t| !t.servers.is_empty()) else {
+        return Decision::NotReady;
+    };
     let local = table.local_mask();
     let mut candidates = 0u64;
     for key in std::iter::once(&local_key).chain(fallback_key.as_ref()) {

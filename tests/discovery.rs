@@ -720,22 +720,72 @@ fn missing_kind_is_tolerated_only_with_the_fields_of_the_type() {
     let group: Check = |b| parse_group(b).is_ok();
     let resources: Check = |b| parse_resource_list(b).is_ok();
     let rows = [
-        K { desc: "APIVersions without kind", check: versions, body: br#"{"versions":["v1"]}"#, ok: true },
-        K { desc: "APIGroupList without kind", check: group_list, body: br#"{"groups":[]}"#, ok: true },
-        K { desc: "APIGroup without kind", check: group, body: br#"{"name":"apps","versions":[]}"#, ok: true },
+        K {
+            desc: "APIVersions without kind",
+            check: versions,
+            body: br#"{"versions":["v1"]}"#,
+            ok: true,
+        },
+        K {
+            desc: "APIGroupList without kind",
+            check: group_list,
+            body: br#"{"groups":[]}"#,
+            ok: true,
+        },
+        K {
+            desc: "APIGroup without kind",
+            check: group,
+            body: br#"{"name":"apps","versions":[]}"#,
+            ok: true,
+        },
         K {
             desc: "APIResourceList without kind",
             check: resources,
             body: br#"{"groupVersion":"v1","resources":[]}"#,
             ok: true,
         },
-        K { desc: "empty object as APIVersions", check: versions, body: b"{}", ok: false },
-        K { desc: "empty object as APIGroupList", check: group_list, body: b"{}", ok: false },
-        K { desc: "empty object as APIGroup", check: group, body: b"{}", ok: false },
-        K { desc: "empty object as APIResourceList", check: resources, body: b"{}", ok: false },
-        K { desc: "error object as APIResourceList", check: resources, body: br#"{"message":"oops"}"#, ok: false },
-        K { desc: "error object as APIGroupList", check: group_list, body: br#"{"error":"x"}"#, ok: false },
-        K { desc: "non-string kind", check: resources, body: br#"{"kind":5}"#, ok: false },
+        K {
+            desc: "empty object as APIVersions",
+            check: versions,
+            body: b"{}",
+            ok: false,
+        },
+        K {
+            desc: "empty object as APIGroupList",
+            check: group_list,
+            body: b"{}",
+            ok: false,
+        },
+        K {
+            desc: "empty object as APIGroup",
+            check: group,
+            body: b"{}",
+            ok: false,
+        },
+        K {
+            desc: "empty object as APIResourceList",
+            check: resources,
+            body: b"{}",
+            ok: false,
+        },
+        K {
+            desc: "error object as APIResourceList",
+            check: resources,
+            body: br#"{"message":"oops"}"#,
+            ok: false,
+        },
+        K {
+            desc: "error object as APIGroupList",
+            check: group_list,
+            body: br#"{"error":"x"}"#,
+            ok: false,
+        },
+        K {
+            desc: "non-string kind",
+            check: resources,
+            body: br#"{"kind":5}"#,
+            ok: false,
+        },
     ];
     for row in rows {
         assert_eq!((row.check)(row.body), row.ok, "{}", row.desc);

@@ -876,6 +876,22 @@ fn not_modified_without_a_cached_document_is_an_error() {
 }
 
 #[test]
+fn a_document_of_the_wrong_type_for_its_path_is_a_decode_error() {
+    let mut s = Syncer::new(&config());
+    let mut fake = fake();
+    // An APIVersions answer where /apis belongs: parses as legacy, but is not a group list.
+    fake.set(
+        "peer-b",
+        "/apis",
+        response(200, "application/json", br#"{"kind":"APIVersions","versions":["v1"]}"#),
+    );
+    let r = round(&mut s, &fake, 0);
+    assert_eq!(r.error_kinds(), [("peer-b", "decode")]);
+    let p = r.publish.expect("snapshot");
+    assert!(p.table.servers.iter().all(|x| x.name != "peer-b"));
+}
+
+#[test]
 fn failing_legacy_follow_up_keeps_the_old_data() {
     let mut s = Syncer::new(&config());
     let good = fake();

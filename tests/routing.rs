@@ -645,12 +645,16 @@ fn local_server_missing_from_the_table() {
     };
     let mut pick = |_: usize| 0;
     assert_eq!(decide(&facts, Some(&t), true, &mut pick), peer(0, "", "v1", "pods"));
-    // An empty table: everything stays local.
+    // A table in which no server has answered knows nothing: not ready, never a false 404.
     let empty = Table::default();
-    assert_eq!(
-        decide(&facts, Some(&empty), true, &mut pick),
-        Decision::Local(LocalReason::NotServedAnywhere)
-    );
+    assert_eq!(decide(&facts, Some(&empty), true, &mut pick), Decision::NotReady);
+    let discovery = RequestFacts {
+        method: "GET",
+        path: "/apis",
+        accept: Some("application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"),
+        peer_proxied: None,
+    };
+    assert_eq!(decide(&discovery, Some(&empty), true, &mut pick), Decision::NotReady);
 }
 
 #[test]
