@@ -310,3 +310,58 @@ pub fn to_v2_json(items: &[GroupDiscovery]) -> Vec<u8> {
     })
     .unwrap_or_default()
 }
+
+/// The legacy `APIGroupList` (`GET /apis` with plain JSON) equivalent of an aggregated group list:
+/// non-stale versions in preference order, the first one preferred (client-go's mapping).
+pub fn to_legacy_group_list_json(items: &[GroupDiscovery]) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Gv<'a> {
+        #[serde(rename = "groupVersion")]
+        group_version: String,
+        version: &'a str,
+    }
+    #[derive(Serialize)]
+    struct Group<'a> {
+        name: &'a str,
+        versions: Vec<Gv<'a>>,
+        #[serde(rename = "preferredVersion")]
+        preferred_version: Gv<'a>,
+    }
+    fn gv<'a>(group: &str, version: &'a str) -> Gv<'a> {
+        Gv {
+            group_version: format!("{group}/{version}"),
+            version,
+        }
+    }
+    #[derive(Serialize)]
+    struct List<'a> {
+        kind: &'static str,
+        #[serde(rename = "apiVersion")]
+        api_version: &'static str,
+        groups: Vec<Group<'a>>,
+    }
+    let groups = items
+        .iter()
+        .filter(|g| !g.metadata.name.is_empty())
+        .filter_map(|g| {
+            let versions: Vec<&str> = g
+                .versions
+                .iter()
+                .filter(|v| !v.is_stale())
+                .map(|v| v.version.as_str())
+                .collect();
+            let first = *versions.first()?;
+            Some(Group {
+                name: &g.metadata.name,
+                versions: versions.iter().map(|v| gv(&g.metadata.name, v)).collect(),
+                preferred_version: gv(&g.metadata.name, first),
+            })
+        })
+        .collect();
+    serde_json::to_vec(&List {
+        kind: "APIGroupList",
+        api_version: "v1",
+        groups,
+    })
+    .unwrap_or_default()
+}

@@ -64,6 +64,8 @@ pub struct Publish {
     pub table: Table,
     pub merged_apis: Vec<u8>,
     pub merged_api: Vec<u8>,
+    /// The merged `/apis` as a legacy `APIGroupList`.
+    pub merged_apis_legacy: Vec<u8>,
 }
 
 /// Everything a callback produced.
@@ -403,7 +405,9 @@ impl Syncer {
             .collect();
         let apis: Vec<&[GroupDiscovery]> = fresh.iter().map(|(_, d)| d.groups.as_slice()).collect();
         let api: Vec<&[GroupDiscovery]> = fresh.iter().map(|(_, d)| d.core.as_slice()).collect();
-        let merged_apis = discovery::to_v2_json(&merge::merge_groups(&apis));
+        let merged_groups = merge::merge_groups(&apis);
+        let merged_apis = discovery::to_v2_json(&merged_groups);
+        let merged_apis_legacy = discovery::to_legacy_group_list_json(&merged_groups);
         let merged_api = discovery::to_v2_json(&merge::merge_groups(&api));
         let mut table = Table::build(&fresh);
         for (i, (r, _)) in fresh.iter().enumerate().take(snapshot::MAX_SERVERS) {
@@ -414,6 +418,7 @@ impl Syncer {
         }
         table.apis_etag = snapshot::etag(&merged_apis);
         table.api_etag = snapshot::etag(&merged_api);
+        table.apis_legacy_etag = snapshot::etag(&merged_apis_legacy);
         let fingerprint = table.encode();
         if self.published.as_ref() == Some(&fingerprint) {
             return None;
@@ -426,6 +431,7 @@ impl Syncer {
             table,
             merged_apis,
             merged_api,
+            merged_apis_legacy,
         })
     }
 }

@@ -20,8 +20,12 @@ pub struct RequestFacts<'a> {
 /// Which merged discovery document.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MergedDoc {
+    /// Aggregated v2 `/apis`.
     Apis,
+    /// Aggregated v2 `/api` (the core group).
     Api,
+    /// Legacy `APIGroupList` for `/apis`. (Legacy `/api` is always `v1`: the local answer is right.)
+    ApisLegacy,
 }
 
 /// Labels for the rerouted-request metric (upstream: `code`, `group`, `version`, `resource`).
@@ -87,17 +91,20 @@ pub fn decide_with(
         RequestKind::Invalid => return Decision::Local(LocalReason::Invalid),
         RequestKind::NonResource(nr) => match nr {
             NonResource::ApisRoot | NonResource::ApiRoot => {
-                if !(is_get && merged_discovery) || accept::negotiate(req.accept) == DiscoveryChoice::Local {
+                if !(is_get && merged_discovery) {
                     return Decision::Local(LocalReason::LocalDiscovery);
                 }
+                let doc = match (nr, accept::negotiate(req.accept)) {
+                    (_, DiscoveryChoice::Local) | (NonResource::ApiRoot, DiscoveryChoice::MergedLegacy) => {
+                        return Decision::Local(LocalReason::LocalDiscovery)
+                    }
+                    (NonResource::ApiRoot, _) => MergedDoc::Api,
+                    (_, DiscoveryChoice::Merged) => MergedDoc::Apis,
+                    (_, DiscoveryChoice::MergedLegacy) => MergedDoc::ApisLegacy,
+                };
                 if table.is_none_or(|t| t.servers.is_empty()) {
                     return Decision::NotReady;
                 }
-                let doc = if *nr == NonResource::ApisRoot {
-                    MergedDoc::Apis
-                } else {
-                    MergedDoc::Api
-                };
                 return Decision::Merged(doc);
             }
             NonResource::CoreVersion(v) => (snapshot::version_key("", v), None, gv("", v)),

@@ -15,6 +15,7 @@ pub const KEY_GENERATION: &str = "kube-peer-proxy.v1/generation";
 pub const KEY_TABLE: &str = "kube-peer-proxy.v1/table";
 pub const KEY_MERGED_APIS: &str = "kube-peer-proxy.v1/merged/apis";
 pub const KEY_MERGED_API: &str = "kube-peer-proxy.v1/merged/api";
+pub const KEY_MERGED_APIS_LEGACY: &str = "kube-peer-proxy.v1/merged/apis-legacy";
 
 /// Passive health: a filter that could not connect to a peer's cluster writes the time (ms) here;
 /// the discovery service clears it (writes `0`) when that peer answers a discovery round again.
@@ -56,6 +57,8 @@ pub struct Table {
     pub unhealthy: u64,
     pub apis_etag: String,
     pub api_etag: String,
+    #[serde(default)]
+    pub apis_legacy_etag: String,
 }
 
 pub fn resource_key(group: &str, version: &str, resource: &str) -> String {
@@ -103,6 +106,7 @@ impl Table {
             unhealthy: 0,
             apis_etag: String::new(),
             api_etag: String::new(),
+            apis_legacy_etag: String::new(),
         }
     }
 
@@ -131,6 +135,7 @@ impl Table {
             unhealthy: u64,
             apis_etag: &'a str,
             api_etag: &'a str,
+            apis_legacy_etag: &'a str,
         }
         serde_json::to_vec(&Enc {
             generation: self.generation,
@@ -140,6 +145,7 @@ impl Table {
             unhealthy: self.unhealthy,
             apis_etag: &self.apis_etag,
             api_etag: &self.api_etag,
+            apis_legacy_etag: &self.apis_legacy_etag,
         })
         .unwrap_or_default()
     }

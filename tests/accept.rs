@@ -5,7 +5,7 @@ use kube_peer_proxy::accept::{negotiate, DiscoveryChoice};
 use kube_peer_proxy::discovery::CONTENT_TYPE_V2;
 use kube_peer_proxy::discovery_sync::DISCOVERY_ACCEPT;
 
-use DiscoveryChoice::{Local, Merged};
+use DiscoveryChoice::{Local, Merged, MergedLegacy};
 
 struct Row {
     name: &'static str,
@@ -17,9 +17,9 @@ struct Row {
 fn accept_strings_of_real_clients() {
     let rows = [
         Row {
-            name: "kubectl 1.26-1.29 (v2beta1 first)",
+            name: "kubectl 1.26-1.29 (v2beta1 first; 1.33+ servers skip v2beta1 too)",
             accept: Some("application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json"),
-            want: Local,
+            want: MergedLegacy,
         },
         Row {
             name: "kubectl 1.30-1.36",
@@ -40,7 +40,7 @@ fn accept_strings_of_real_clients() {
             ),
             want: Local,
         },
-        Row { name: "client-go UseLegacyDiscovery", accept: Some("application/json"), want: Local },
+        Row { name: "client-go UseLegacyDiscovery", accept: Some("application/json"), want: MergedLegacy },
         Row {
             name: "apiserver peer fetch",
             accept: Some(
@@ -72,7 +72,7 @@ fn protobuf_and_fallbacks() {
         Row {
             name: "protobuf v2 then legacy JSON only",
             accept: Some("application/vnd.kubernetes.protobuf;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json"),
-            want: Local,
+            want: MergedLegacy,
         },
         Row {
             name: "protobuf nopeer",
@@ -81,10 +81,10 @@ fn protobuf_and_fallbacks() {
             ),
             want: Local,
         },
-        Row { name: "no Accept header", accept: None, want: Local },
-        Row { name: "empty Accept header", accept: Some(""), want: Local },
-        Row { name: "*/*", accept: Some("*/*"), want: Local },
-        Row { name: "legacy protobuf", accept: Some("application/vnd.kubernetes.protobuf, */*"), want: Local },
+        Row { name: "no Accept header", accept: None, want: MergedLegacy },
+        Row { name: "empty Accept header", accept: Some(""), want: MergedLegacy },
+        Row { name: "*/*", accept: Some("*/*"), want: MergedLegacy },
+        Row { name: "legacy protobuf", accept: Some("application/vnd.kubernetes.protobuf, */*"), want: MergedLegacy },
         Row {
             name: "unknown aggregated version is skipped",
             accept: Some("application/json;g=apidiscovery.k8s.io;v=v3;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"),
@@ -160,7 +160,7 @@ fn parameter_order_and_whitespace_do_not_matter() {
         Row {
             name: "v2beta1 reordered with spaces",
             accept: Some("application/json; as=APIGroupDiscoveryList; v=v2beta1; g=apidiscovery.k8s.io, application/json"),
-            want: Local,
+            want: MergedLegacy,
         },
         Row {
             name: "1.30-1.36 string with spaces after commas",

@@ -791,3 +791,47 @@ fn missing_kind_is_tolerated_only_with_the_fields_of_the_type() {
         assert_eq!((row.check)(row.body), row.ok, "{}", row.desc);
     }
 }
+
+#[test]
+fn legacy_group_list_from_aggregated_is_what_client_go_would_split_out() {
+    use kube_peer_proxy::discovery::{to_legacy_group_list_json, GroupDiscovery, GroupMeta};
+    let mut items = parse_aggregated(&fixture(AGG_133)).expect("1.33").items;
+    // A group whose only version is Stale has nothing to list; the core group never appears in /apis.
+    items.push(GroupDiscovery {
+        metadata: GroupMeta {
+            name: "metrics.k8s.io".into(),
+        },
+        versions: vec![common::stale("v1beta1")],
+    });
+    items.push(GroupDiscovery {
+        metadata: GroupMeta::default(),
+        versions: vec![common::ver("v1", vec![])],
+    });
+    let doc: serde_json::Value = serde_json::from_slice(&to_legacy_group_list_json(&items)).expect("json");
+    assert_eq!(
+        (doc["kind"].as_str(), doc["apiVersion"].as_str()),
+        (Some("APIGroupList"), Some("v1"))
+    );
+    let groups = doc["groups"].as_array().expect("groups");
+    let expected = fixture_json(AGG_133);
+    assert_eq!(groups.len(), expected["items"].as_array().expect("items").len());
+    let names: Vec<&str> = groups.iter().filter_map(|g| g["name"].as_str()).collect();
+    assert!(!names.contains(&"metrics.k8s.io") && !names.contains(&""));
+    let resource = groups
+        .iter()
+        .find(|g| g["name"] == "resource.k8s.io")
+        .expect("resource.k8s.io");
+    let versions: Vec<&str> = resource["versions"]
+        .as_array()
+        .expect("v")
+        .iter()
+        .filter_map(|v| v["version"].as_str())
+        .collect();
+    assert_eq!(versions, ["v1beta2", "v1beta1", "v1alpha3"]);
+    assert_eq!(resource["preferredVersion"]["groupVersion"], "resource.k8s.io/v1beta2");
+    assert_eq!(resource["versions"][1]["groupVersion"], "resource.k8s.io/v1beta1");
+    // The same shape as the real legacy fixture.
+    let real = fixture_json("legacy_apis.k8s-1.31.json");
+    let keys = |g: &serde_json::Value| g.as_object().map(|o| o.keys().cloned().collect::<BTreeSet<_>>());
+    assert_eq!(keys(&groups[0]), keys(&real["groups"][0]));
+}

@@ -448,16 +448,31 @@ fn decision_table() {
             ..Default::default()
         },
         Row {
-            name: "/apis legacy",
+            name: "/apis legacy gets the merged APIGroupList",
             path: "/apis",
+            accept: Some(LEGACY),
+            want: Merged(MergedDoc::ApisLegacy),
+            ..Default::default()
+        },
+        Row {
+            name: "/apis no Accept is legacy JSON",
+            path: "/apis",
+            want: Merged(MergedDoc::ApisLegacy),
+            ..Default::default()
+        },
+        Row {
+            name: "/api legacy APIVersions stays local (always v1)",
+            path: "/api",
             accept: Some(LEGACY),
             want: Local(LocalDiscovery),
             ..Default::default()
         },
         Row {
-            name: "/apis no Accept",
+            name: "/apis legacy without a snapshot",
             path: "/apis",
-            want: Local(LocalDiscovery),
+            accept: Some(LEGACY),
+            table: false,
+            want: NotReady,
             ..Default::default()
         },
         Row {

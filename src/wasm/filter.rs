@@ -31,6 +31,7 @@ struct Cache {
     table: Option<Rc<Table>>,
     apis: Rc<Vec<u8>>,
     api: Rc<Vec<u8>>,
+    apis_legacy: Rc<Vec<u8>>,
 }
 
 impl Shared {
@@ -66,14 +67,20 @@ impl Shared {
         let table = host::shared(snapshot::KEY_TABLE).map(|b| Table::decode(&b));
         let apis = host::shared(snapshot::KEY_MERGED_APIS).unwrap_or_default();
         let api = host::shared(snapshot::KEY_MERGED_API).unwrap_or_default();
+        let legacy = host::shared(snapshot::KEY_MERGED_APIS_LEGACY).unwrap_or_default();
         match table {
             // The documents must belong to this table; if the service is mid-write, keep the
             // previous snapshot and look again on the next request.
-            Some(Ok(t)) if snapshot::etag(&apis) == t.apis_etag && snapshot::etag(&api) == t.api_etag => {
+            Some(Ok(t))
+                if snapshot::etag(&apis) == t.apis_etag
+                    && snapshot::etag(&api) == t.api_etag
+                    && snapshot::etag(&legacy) == t.apis_legacy_etag =>
+            {
                 cache.generation = Some(t.generation);
                 cache.table = Some(Rc::new(t));
                 cache.apis = Rc::new(apis);
                 cache.api = Rc::new(api);
+                cache.apis_legacy = Rc::new(legacy);
             }
             Some(Err(e)) => log::error!("kube-peer-proxy: undecodable snapshot table: {e}"),
             _ => {}
@@ -86,6 +93,7 @@ impl Shared {
         match doc {
             MergedDoc::Apis => cache.apis.clone(),
             MergedDoc::Api => cache.api.clone(),
+            MergedDoc::ApisLegacy => cache.apis_legacy.clone(),
         }
     }
 }
@@ -127,9 +135,10 @@ impl PeerProxy {
     }
 
     fn serve_merged(&self, doc: MergedDoc, table: &Table) -> Action {
-        let (etag, label) = match doc {
-            MergedDoc::Apis => (table.apis_etag.as_str(), "apis"),
-            MergedDoc::Api => (table.api_etag.as_str(), "api"),
+        let (etag, label, content_type) = match doc {
+            MergedDoc::Apis => (table.apis_etag.as_str(), "apis", CONTENT_TYPE_V2),
+            MergedDoc::Api => (table.api_etag.as_str(), "api", CONTENT_TYPE_V2),
+            MergedDoc::ApisLegacy => (table.apis_legacy_etag.as_str(), "apis_legacy", "application/json"),
         };
         let common = [("etag", etag), ("vary", "Accept"), ("cache-control", "public")];
         if host::header(MapType::HttpRequestHeaders, "if-none-match").as_deref() == Some(etag) {
@@ -145,7 +154,7 @@ impl PeerProxy {
         ));
         let body = self.shared.merged(doc);
         let mut headers = common.to_vec();
-        headers.push(("content-type", CONTENT_TYPE_V2));
+        headers.push(("content-type", content_type));
         self.reply(200, headers, Some(&body))
     }
 }

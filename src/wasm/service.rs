@@ -129,6 +129,7 @@ impl Service {
     fn publish(&mut self, p: &Publish) {
         let ok = host::set_shared(snapshot::KEY_MERGED_APIS, &p.merged_apis)
             && host::set_shared(snapshot::KEY_MERGED_API, &p.merged_api)
+            && host::set_shared(snapshot::KEY_MERGED_APIS_LEGACY, &p.merged_apis_legacy)
             && host::set_shared(snapshot::KEY_TABLE, &p.table.encode())
             && host::set_shared(snapshot::KEY_GENERATION, p.table.generation.to_string().as_bytes());
         if ok {

@@ -152,9 +152,11 @@ def test_merged_apis_is_the_union_and_nopeer_gets_the_local_view(topo):
     r = topo.get("/apis", accept=NOPEER + "," + V2)
     assert (r.status, served_by(r)) == (200, "a")
     assert gvrs(r.json()) == gvrs(local)
-    # Legacy discovery is the local server's own.
+    # Legacy discovery clients get the union too, as an APIGroupList.
     r = topo.get("/apis", accept="application/json")
-    assert (r.status, served_by(r), r.json()["kind"]) == (200, "a", "APIGroupList")
+    assert (r.status, served_by(r), r.json()["kind"]) == (200, "", "APIGroupList")
+    legacy = {(g["name"], v["version"]) for g in r.json()["groups"] for v in g["versions"]}
+    assert legacy == {(g, v) for g, v, _ in gvrs(merged)}
 
 
 def test_merged_api_core_group_includes_a_peer_only_subresource(topo):

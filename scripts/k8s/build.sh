@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Builds real control-plane binaries from the Go module proxy into a cache outside the repo:
+#
+#   $KPP_K8S_CACHE/k8s/<version>/kube-apiserver   from k8s.io/kubernetes <version>
+#   $KPP_K8S_CACHE/etcd/<version>/etcd             from go.etcd.io/etcd/server/v3 <version>
+#
+# (KPP_K8S_CACHE defaults to $HOME/.cache/kube-peer-proxy.) Each binary is keyed by version and
+# reused when present; nothing is written inside the repository. kube-apiserver is built from a
+# throw-away go.mod that requires k8s.io/kubernetes <version> and replaces every k8s.io/* staging
+# module (read from that version's own go.mod) with its matching v0.<minor>.<patch> release.
+#
+#   scripts/k8s/build.sh                      # etcd + kube-apiserver v1.36.3 (what `make e2e-k8s` needs)
+#   scripts/k8s/build.sh kube-apiserver v1.35.4
+#   scripts/k8s/build.sh etcd v3.6.16
+#   scripts/k8s/build.sh --path kube-apiserver v1.36.3   # print the cached path (exit 1 if absent)
+set -euo pipefail
+
+CACHE="${KPP_K8S_CACHE:-$HOME/.cache/kube-peer-proxy}"
+DEFAULT_K8S="v1.36.3"
+DEFAULT_ETCD="v3.6.8"   # the etcd that k8s.io/kubernetes v1.36.3 itself requires (shared module cache)
+log() { echo "k8s-build: $*" >&2; }
+
+path_of() {  # component version
+    case "$1" in
+        kube-apiserver) echo "$CACHE/k8s/$2/kube-apiserver" ;;
+        etcd) echo "$CACHE/etcd/$2/etcd" ;;
+        *) echo "unknown component $1" >&2; return 2 ;;
+    esac
+}
+
+# Go's own caches stay where they are ($GOMODCACHE, $GOCACHE); the module proxy is the only source.
+export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
+
+build_apiserver() {
+    local version="$1" out work minor patch staging_ver modfile
+    out="$(path_of kube-apiserver "$version")"
+    if [[ -x "$out" ]]; then log "kube-apiserver $version cached at $out"; return 0; fi
+    [[ "$version" =~ ^v1\.([0-9]+)\.([0-9]+)$ ]] || { log "bad version $version"; return 2; }
+    minor="${BASH_REMATCH[1]}"; patch="${BASH_REMATCH[2]}"
+    staging_ver="v0.$minor.$patch"
+    work="$CACHE/work/kube-apiserver-$version"
+    rm -rf "$work"; mkdir -p "$work"
+    local t0=$SECONDS
+    log "kube-apiserver $version: resolving k8s.io/kubernetes@$version (staging modules -> $staging_ver)"
+    modfile="$(cd "$work" && go mod download -json "k8s.io/kubernetes@$version" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')"
+    local gover
+    gover="$(awk '$1=="go"{print $2; exit}' "$modfile")"
+    {
+        echo "module kpp.local/build-kube-apiserver"
+        echo
+        echo "go $gover"
+        awk '$1=="godebug"{print; exit}' "$modfile"
+        echo
+        echo "require k8s.io/kubernetes $version"
+        echo
+        echo "replace ("
+        # every `k8s.io/X => ./staging/src/k8s.io/X` of the upstream go.mod
+        sed -nE 's#^[[:space:]]*(k8s\.io/[A-Za-z0-9._-]+)[[:space:]]+=>[[:space:]]+\./staging/src/.*#\1#p' "$modfile" \
+            | sort -u | while read -r m; do echo "	$m => $m $staging_ver"; done
+        echo ")"
+    } > "$work/go.mod"
+    cat > "$work/tools.go" <<'GO'
+//go:build tools
+
+package tools
+
+import _ "k8s.io/kubernetes/cmd/kube-apiserver"
+GO
+    log "kube-apiserver $version: $(grep -c '=>' "$work/go.mod") staging replaces; go mod tidy"
+    (cd "$work" && go mod tidy)
+    local ldpkg="k8s.io/component-base/version" date
+    date="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    local ld="-s -w"
+    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        ld+=" -X '$pkg.gitVersion=$version' -X '$pkg.gitMajor=1' -X '$pkg.gitMinor=$minor'"
+        ld+=" -X '$pkg.gitTreeState=clean' -X '$pkg.buildDate=$date' -X '$pkg.gitCommit=module-proxy-$version'"
+    done
+    log "kube-apiserver $version: go build (this is the long part: ~10-25 min cold on 2 cores)"
+    mkdir -p "$(dirname "$out")"
+    (cd "$work" && go build -trimpath -ldflags "$ld" -o "$out.tmp" k8s.io/kubernetes/cmd/kube-apiserver)
+    "$out.tmp" --version >&2
+    mv "$out.tmp" "$out"
+    cp "$work/go.mod" "$work/go.sum" "$(dirname "$out")/"
+    log "kube-apiserver $version: done in $((SECONDS - t0)) s -> $out"
+}
+
+build_etcd() {
+    local version="$1" out work
+    out="$(path_of etcd "$version")"
+    if [[ -x "$out" ]]; then log "etcd $version cached at $out"; return 0; fi
+    work="$CACHE/work/etcd-$version"
+    rm -rf "$work"; mkdir -p "$work"
+    local t0=$SECONDS
+    cat > "$work/go.mod" <<MOD
+module kpp.local/build-etcd
+
+go 1.24
+
+require go.etcd.io/etcd/server/v3 $version
+MOD
+    cat > "$work/main.go" <<'GO'
+// etcd's own main (go.etcd.io/etcd/v3 is just this around etcdmain).
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+GO
+    log "etcd $version: go mod tidy + go build"
+    (cd "$work" && go mod tidy && go build -trimpath -ldflags "-s -w" -o "$out.tmp" .)
+    mkdir -p "$(dirname "$out")"
+    "$out.tmp" --version >&2
+    mv "$out.tmp" "$out"
+    log "etcd $version: done in $((SECONDS - t0)) s -> $out"
+}
+
+if [[ "${1:-}" == "--path" ]]; then
+    p="$(path_of "$2" "$3")"; echo "$p"; [[ -x "$p" ]]; exit
+fi
+mkdir -p "$CACHE"
+case "${1:-all}" in
+    all) build_etcd "$DEFAULT_ETCD"; build_apiserver "$DEFAULT_K8S" ;;
+    kube-apiserver) build_apiserver "${2:-$DEFAULT_K8S}" ;;
+    etcd) build_etcd "${2:-$DEFAULT_ETCD}" ;;
+    *) echo "usage: $0 [all | kube-apiserver VERSION | etcd VERSION | --path COMPONENT VERSION]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,127 @@
+"""Envoy + the kube-peer-proxy filter in front of real kube-apiservers (tests/k8s and compare.py).
+
+The bootstrap comes from envoy/render.py (`upstream_tls_sni="kubernetes.default.svc"`, discovery
+fetched with the static `kpp-discovery` token through the plugin's `discovery_headers`). Two
+additions are made here, on the rendered JSON, without changing the renderer:
+
+* upstream TLS *verification*: render.py only sets the SNI, so Envoy would accept any certificate;
+  we add the cluster CA and require the SAN `kubernetes.default.svc` (what the built-in MVP checks
+  too);
+* an access log (JSON lines) with the upstream cluster and the request headers *after* the filter
+  ran, which is how a test sees that a rerouted request carried `x-kubernetes-peer-proxied: true`.
+
+Envoy itself is launched only through tests/e2e/harness.py (func-e).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+for _p in (ROOT / "tests" / "e2e", ROOT / "tests", ROOT / "envoy", Path(__file__).resolve().parent):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+import harness  # noqa: E402
+import render  # noqa: E402
+
+from cluster import SNI, APIServer, ControlPlane  # noqa: E402
+
+# One discovery round per second; a server silent for 10 s stops being a routing target.
+K8S_PLUGIN = {"refresh_interval": "1s", "fetch_timeout": "3s", "staleness_limit": "10s"}
+
+ACCESS_LOG_FORMAT = {
+    "path": "%REQ(:PATH)%", "method": "%REQ(:METHOD)%", "cluster": "%UPSTREAM_CLUSTER%",
+    "peer_proxied": "%REQ(X-KUBERNETES-PEER-PROXIED)%", "audit_id": "%REQ(AUDIT-ID)%",
+    "code": "%RESPONSE_CODE%", "flags": "%RESPONSE_FLAGS%", "duration_ms": "%DURATION%",
+    "upstream_ms": "%RESPONSE_DURATION%",
+}
+
+
+def bootstrap(cp: ControlPlane, local: APIServer, peers: list[APIServer], listen: int, admin: int,
+              access_log: Path, plugin: dict | None = None) -> str:
+    cfg = dict(K8S_PLUGIN)
+    cfg["discovery_headers"] = {"authorization": f"Bearer {cp.tokens['kpp-discovery']}"}
+    cfg.update(plugin or {})
+    text = render.render_bootstrap(
+        node=local.name, listen_port=listen, admin_port=admin, local=("127.0.0.1", local.port),
+        peers=[(p.name, "127.0.0.1", p.port) for p in peers], wasm_path=str(harness.wasm_path()),
+        plugin=cfg, upstream_tls_sni=SNI)
+    b = json.loads(text)
+    for c in b["static_resources"]["clusters"]:
+        tls = c["transport_socket"]["typed_config"]
+        tls["common_tls_context"] = {"validation_context": {
+            "trusted_ca": {"filename": str(cp.ca)},
+            "match_typed_subject_alt_names": [{"san_type": "DNS", "matcher": {"exact": SNI}}]}}
+    hcm = b["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    hcm["access_log"] = [{"name": "envoy.access_loggers.file", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+        "path": str(access_log),
+        "log_format": {"json_format": ACCESS_LOG_FORMAT}}}]
+    return json.dumps(b, indent=2) + "\n"
+
+
+class Front:
+    """One Envoy in front of `local`, with every other server of the control plane as a peer."""
+
+    def __init__(self, cp: ControlPlane, local: APIServer, workdir: Path, plugin: dict | None = None,
+                 log_level: str = "info"):
+        self.cp, self.local = cp, local
+        self.workdir = Path(workdir)
+        self.port, self.admin = harness.free_port(), harness.free_port()
+        self.access_log = self.workdir / "access.log"
+        peers = [s for s in cp.servers.values() if s is not local]
+        self.yaml = bootstrap(cp, local, peers, self.port, self.admin, self.access_log, plugin)
+        self.envoy = harness.Envoy(self.yaml, f"k8s-{local.name}", self.admin, workdir=self.workdir / "envoy",
+                                   log_level=log_level, component_log_level="wasm:info")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> "Front":
+        self.envoy.start()
+        # Ready = the filter has a snapshot (merged /apis answers 200 instead of the 503 it gives before).
+        import urllib.request
+        req = urllib.request.Request(self.url + "/apis", headers={
+            "Accept": "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
+            "Authorization": f"Bearer {self.cp.admin_token}"})
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+        def snap():
+            try:
+                with opener.open(req, timeout=5) as r:
+                    return r.status == 200
+            except Exception:  # noqa: BLE001
+                return False
+        try:
+            harness.wait_until(snap, timeout, 0.2, message=f"envoy {self.local.name}: no snapshot in {timeout}s")
+        except AssertionError:
+            raise AssertionError(f"envoy {self.local.name}: no snapshot in {timeout}s\n{self.envoy.log_tail(80)}")
+        return self
+
+    def stop(self):
+        self.envoy.stop()
+
+    def access_entries(self) -> list[dict]:
+        try:
+            text = self.access_log.read_text()
+        except FileNotFoundError:
+            return []
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def pids(self) -> list[int]:
+        """func-e and Envoy (the process group) for CPU accounting."""
+        import os
+        pg = self.envoy.process.pid
+        out = []
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    if os.getpgid(int(d)) == pg:
+                        out.append(int(d))
+                except OSError:
+                    pass
+        return out

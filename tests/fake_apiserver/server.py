@@ -1,0 +1,794 @@
+"""HTTP side of the fake apiserver: one ThreadingHTTPServer per instance, all instances over one shared Store.
+
+Test controls (never logged as requests):
+  GET  /__fake/requests                 the request log, oldest first; DELETE clears it
+  GET|POST /__fake/fault                {"discovery": one of FAULT_MODES[, "delay_ms": N][, "oversized_bytes": N]}:
+                                        how discovery answers; delay_ms (default 0) holds every discovery answer
+                                        back N ms first; oversized_bytes (default 60 MiB) is the padded size of an
+                                        "oversized" document
+Streaming subresources (`exec`, `attach`, `portforward`) of a served resource accept a WebSocket upgrade
+(`GET` with `Upgrade: websocket`): the instance greets with one text message `<instance> <subresource> <name>`
+and then echoes every text/binary message, answers pings, and closes on close.
+"""
+
+import base64
+import hashlib
+import http.server
+import json
+import random
+import socket
+import string
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from . import requestinfo, selector
+from .discovery import AGGREGATED_V2, AGGREGATED_V2BETA1, JSON, ApiSet, encode, etag, negotiate, resolve_apiset
+from .store import AlreadyExists, Conflict, Event, Expired, NotFound, Store
+
+FAULT_MODES = ("ok", "500", "malformed", "truncated", "timeout", "oversized")
+STREAMING_SUBRESOURCES = ("exec", "attach", "portforward")
+WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+FAULT_TIMEOUT_SECONDS = 30
+OVERSIZED_BYTES = 60 * 1024 * 1024
+# The apiserver picks 30–60 min for watches without timeoutSeconds; the low end keeps stale threads bounded.
+DEFAULT_WATCH_TIMEOUT_SECONDS = 1800
+REQUEST_LOG_SIZE = 2000
+
+TEXT = "text/plain; charset=utf-8"
+MERGE_PATCH_TYPES = ("application/merge-patch+json", "application/strategic-merge-patch+json")
+# Invalid JSON that starts like a discovery document, so only a real parser notices.
+MALFORMED_BODY = b'{"kind":"APIGroupDiscoveryList","apiVersion":"apidiscovery.k8s.io/v2","items":[{"metadata":}]'
+NOT_FOUND_TEXT = b"404 page not found\n"  # Go's http.NotFound, the apiserver's notfound handler
+
+
+def _status(code: int, reason: str, message: str, details: dict | None = None) -> dict:
+    """A failure `Status`, fields in the Go struct order."""
+    status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+              "reason": reason}
+    if details is not None:
+        status["details"] = details
+    return {**status, "code": code}
+
+
+NOT_SERVED = _status(404, "NotFound", "the server could not find the requested resource", {})
+METHOD_NOT_ALLOWED = _status(405, "MethodNotAllowed",
+                             "the server does not allow this method on the requested resource", {})
+
+
+def merge_patch(target, patch):
+    """RFC 7386 JSON merge patch (also used for strategic merge patches: no patch strategies in a fake)."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def _watch_requested(query: dict) -> bool:
+    """The apiserver's bool parsing of `watch`: missing, "0" and "false" (any case) are false, all else true."""
+    values = query.get("watch")
+    return values is not None and values[0] != "0" and values[0].lower() != "false"
+
+
+def _seen_by(event: Event, target: "_Target", selector) -> tuple[str, dict] | None:
+    """(type, object) of a store event as a watch on target sees it, None when outside the watch.
+
+    Like the apiserver's watch cache, an object moving into or out of the selector arrives as ADDED or DELETED;
+    the DELETED carries the previous object stamped with the new resourceVersion.
+    """
+    if event.key[:2] != (target.group, target.resource) or (target.namespace and event.key[2] != target.namespace):
+        return None
+    matches_now = selector(event.obj)
+    if event.type != "MODIFIED":
+        return (event.type, event.obj) if matches_now else None
+    matched_before = selector(event.prev)
+    if matches_now:
+        return ("MODIFIED" if matched_before else "ADDED"), event.obj
+    if matched_before:
+        rv = event.obj["metadata"]["resourceVersion"]
+        return "DELETED", {**event.prev, "metadata": {**event.prev["metadata"], "resourceVersion": rv}}
+    return None
+
+
+@dataclass(frozen=True)
+class _Target:
+    """A served resource as addressed by one request: where it is stored and how it is spelled in responses."""
+
+    group: str
+    version: str
+    resource: str
+    kind: str
+    namespaced: bool
+    namespace: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def key(self, name: str) -> tuple[str, str, str, str]:
+        return self.group, self.resource, self.namespace if self.namespaced else "", name
+
+    def details(self, name: str) -> dict:
+        details = {"name": name, "group": self.group, "kind": self.resource}
+        return details if self.group else {"name": name, "kind": self.resource}
+
+    def qualified(self, name: str) -> str:
+        resource = f"{self.resource}.{self.group}" if self.group else self.resource
+        return f'{resource} "{name}"'
+
+    def present(self, obj: dict) -> dict:
+        """The stored object as seen through this request's group/version."""
+        return {**obj, "apiVersion": self.api_version}
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: "_Server"
+
+    @property
+    def instance(self) -> "Instance":
+        return self.server.instance
+
+    def log_message(self, format, *args):
+        """Quiet: tests read the request log over HTTP instead."""
+
+    def setup(self):
+        super().setup()
+        # Like Go's net/http: no Nagle delay between a response's header and body writes (with delayed ACKs
+        # on the other side that costs ~40 ms per response).
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.instance._track(self.connection)
+
+    def finish(self):
+        try:
+            super().finish()
+        finally:
+            self.instance._untrack(self.connection)
+
+    def end_headers(self):
+        """Every response, whichever path produced it, names the instance and echoes loop-prevention."""
+        self.send_header("x-fake-apiserver", self.instance.name)
+        headers = getattr(self, "headers", None)  # absent when the request line itself was bad
+        if headers is not None and headers.get("x-kubernetes-peer-proxied") == "true":
+            self.send_header("x-fake-peer-proxied", "true")
+        super().end_headers()
+
+    def _dispatch(self):
+        url = urlsplit(self.path)
+        path = unquote(url.path)
+        query = parse_qs(url.query, keep_blank_values=True)
+        body = self._read_body()
+        if path.startswith("/__fake/"):
+            return self._control(path, body)
+        self.instance._log_request(self.command, self.path, self.headers)
+        trimmed = "/" + path.strip("/")
+        if trimmed in ("/healthz", "/livez", "/readyz"):
+            return self._send(200, b"ok", TEXT)
+        if trimmed == "/version":
+            return self._send_json(200, self.instance.version_info())
+        try:
+            target = requestinfo.parse(path)
+        except ValueError as err:
+            message = f'Internal Server Error: "{path}": failed to create RequestInfo: {err}'
+            return self._send(500, message.encode() + b"\n", TEXT)
+        if target is not None:
+            return self._resource(target, query, body)
+        parts = trimmed.strip("/").split("/")
+        if parts[0] in ("api", "apis"):
+            return self._discovery(parts)
+        return self._send(404, NOT_FOUND_TEXT, TEXT)
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _dispatch
+
+    # --- plumbing -------------------------------------------------------------------------------------------
+
+    def _read_body(self) -> bytes:
+        """Request body by Content-Length or chunked framing (Envoy re-frames HTTP/2 bodies without a length)."""
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            chunks = []
+            while size := int(self.rfile.readline().split(b";")[0].strip(), 16):
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+            while self.rfile.readline().strip():  # trailers
+                pass
+            return b"".join(chunks)
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _send(self, code: int, body: bytes, content_type: str, headers: dict | None = None):
+        headers = headers or {}
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        if "Cache-Control" not in headers:
+            self.send_header("Cache-Control", "no-cache, private")
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _send_json(self, code: int, obj):
+        self._send(code, encode(obj), JSON)
+
+    def _send_status(self, status: dict):
+        self._send_json(status["code"], status)
+
+    def _json_body(self, body: bytes) -> dict | None:
+        """The body as a JSON object, or None after answering 400."""
+        try:
+            obj = json.loads(body)
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict):
+            return obj
+        self._send_status(_status(400, "BadRequest", "the request body must be a JSON object"))
+        return None
+
+    # --- test control ---------------------------------------------------------------------------------------
+
+    def _control(self, path: str, body: bytes):
+        if path == "/__fake/requests" and self.command == "GET":
+            return self._send_json(200, self.instance.requests())
+        if path == "/__fake/requests" and self.command == "DELETE":
+            self.instance.clear_requests()
+            return self._send_json(200, [])
+        if path == "/__fake/fault" and self.command in ("GET", "POST"):
+            if self.command == "POST":
+                try:
+                    request = json.loads(body)
+                    delay_ms = request.get("delay_ms", 0)
+                    oversized = request.get("oversized_bytes", OVERSIZED_BYTES)
+                    for n in (delay_ms, oversized):
+                        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                            raise ValueError(n)
+                    self.instance.fault = request["discovery"]
+                    self.instance.discovery_delay_ms = delay_ms
+                    self.instance.oversized_bytes = oversized
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    message = (f'want {{"discovery": one of {", ".join(FAULT_MODES)}[, "delay_ms": N]'
+                               '[, "oversized_bytes": N]}')
+                    return self._send_status(_status(400, "BadRequest", message))
+            answer = {"discovery": self.instance.fault}
+            if self.instance.discovery_delay_ms:
+                answer["delay_ms"] = self.instance.discovery_delay_ms
+            if self.instance.oversized_bytes != OVERSIZED_BYTES:
+                answer["oversized_bytes"] = self.instance.oversized_bytes
+            return self._send_json(200, answer)
+        return self._send(404, NOT_FOUND_TEXT, TEXT)
+
+    # --- discovery ------------------------------------------------------------------------------------------
+
+    def _discovery(self, parts: list[str]):
+        """`/api`, `/apis`, `/api/v1`, `/apis/<g>`, `/apis/<g>/<v>`, with the injected discovery fault."""
+        if self.command != "GET":
+            return self._send_status(METHOD_NOT_ALLOWED)
+        fault = self.instance.fault
+        delay = self.instance.discovery_delay_ms
+        if delay and self.instance._stopping.wait(delay / 1000):
+            self.close_connection = True
+            return
+        if fault == "timeout" and self.instance._stopping.wait(FAULT_TIMEOUT_SECONDS):
+            self.close_connection = True  # stopped while hanging: drop the request like a dying server
+            return
+        if fault == "500":
+            return self._send_status(_status(500, "InternalError", "Internal error occurred: injected discovery fault",
+                                             {"causes": [{"message": "injected discovery fault"}]}))
+        document = self._discovery_document(parts)
+        if document is None:
+            return
+        body, content_type = document
+        if fault == "malformed":
+            body = MALFORMED_BODY
+        elif fault == "oversized":
+            body += b" " * (self.instance.oversized_bytes - len(body))  # trailing whitespace keeps it valid JSON
+        headers = {}
+        if content_type != JSON:
+            headers = {"ETag": etag(body), "Vary": "Accept", "Cache-Control": "public"}
+            # A truncating fault ignores If-None-Match, else a client holding the ETag would get a clean 304.
+            if self.headers.get("If-None-Match") == headers["ETag"] and fault != "truncated":
+                # 304 has no body by definition, so no Content-Length either (as net/http does).
+                self.send_response(304)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                return self.end_headers()
+        if fault == "truncated":
+            return self._send_truncated(body, content_type, headers)
+        self._send(200, body, content_type, headers)
+
+    def _discovery_document(self, parts: list[str]) -> tuple[bytes, str] | None:
+        """(body, content type) of a discovery path; None after answering 404/406 itself."""
+        apiset = self.instance.apiset
+        if parts in (["api"], ["apis"]):
+            media_type = self._negotiate(self.instance.discovery_offers)
+            if media_type is None:
+                return None
+            if media_type != JSON:
+                return apiset.aggregated(parts[0], media_type), media_type
+            if parts == ["api"]:
+                return encode(apiset.api_versions(f"127.0.0.1:{self.instance.port}")), JSON
+            return encode(apiset.group_list()), JSON
+        if parts[0] == "api" or len(parts) == 3:
+            group, version = ("", parts[1]) if parts[0] == "api" else (parts[1], parts[2])
+            document = apiset.resource_list(group, version) if apiset.serves_version(group, version) else None
+        else:
+            document = apiset.api_group(parts[1])
+        if document is None:
+            return self._send(404, NOT_FOUND_TEXT, TEXT)
+        return None if self._negotiate((JSON,)) is None else (encode(document), JSON)
+
+    def _negotiate(self, offers: tuple[str, ...]) -> str | None:
+        """The media type to answer in, or None after answering 406 like the apiserver."""
+        media_type = negotiate(self.headers.get("Accept"), offers)
+        if media_type is None:
+            message = f"only the following media types are accepted: {', '.join(offers)}"
+            self._send_status(_status(406, "NotAcceptable", message))
+        return media_type
+
+    def _send_truncated(self, body: bytes, content_type: str, headers: dict):
+        """Promise the whole body, send half of it, hang up."""
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body[: len(body) // 2])
+        self.close_connection = True
+
+    # --- resources ------------------------------------------------------------------------------------------
+
+    def _resource(self, path: requestinfo.ResourcePath, query: dict, body: bytes):
+        apiset = self.instance.apiset
+        if not apiset.serves_version(path.group, path.version):
+            return self._send(404, NOT_FOUND_TEXT, TEXT)
+        resource = apiset.resource(path.group, path.version, path.resource)
+        if resource is None or path.path_verb == "proxy":  # the fake proxies nothing
+            return self._send_status(NOT_SERVED)
+        verbs = resource["verbs"]
+        if path.subresource:
+            sub = next((s for s in resource.get("subresources", []) if s["subresource"] == path.subresource), None)
+            if sub is None:
+                return self._send_status(NOT_SERVED)
+            verbs = sub["verbs"]
+        namespaced = resource["scope"] == "Namespaced"
+        # Routes the apiserver does not register: namespaced items without a namespace, cluster-scoped
+        # resources under a namespace.
+        if (namespaced and not path.namespace and (path.name or self.command != "GET")) or (
+                not namespaced and path.namespace):
+            return self._send(404, NOT_FOUND_TEXT, TEXT)
+        verb = self._verb(path, query)
+        if verb not in verbs:
+            return self._send_status(METHOD_NOT_ALLOWED)
+        target = _Target(path.group, path.version, path.resource, resource["responseKind"]["kind"], namespaced,
+                         path.namespace)
+        if path.subresource not in ("", "status"):
+            return self._other_subresource(target, path)
+        if verb in ("list", "watch", "deletecollection"):
+            selector = self._selector(query, path.name)
+            if selector is None:
+                return None
+            if verb == "list":
+                return self._list(target, selector)
+            if verb == "watch":
+                return self._watch(target, query, selector)
+            return self._delete_collection(target, selector)
+        if verb == "create":
+            return self._create(target, body)
+        if verb == "get":
+            return self._get(target, path.name)
+        if verb == "update":
+            return self._update(target, path.name, body)
+        if verb == "patch":
+            return self._patch(target, path.name, body)
+        return self._delete(target, path.name)
+
+    def _selector(self, query: dict, name: str):
+        """Object predicate from labelSelector/fieldSelector (and a watched name), or None after a 400."""
+        field_selector = query.get("fieldSelector", [""])[0]
+        if name:  # /watch/.../<name>
+            field_selector = ",".join(filter(None, [field_selector, f"metadata.name={name}"]))
+        try:
+            return selector.parse(query.get("labelSelector", [""])[0], field_selector)
+        except ValueError as err:
+            self._send_status(_status(400, "BadRequest", str(err)))
+            return None
+
+    def _verb(self, path: requestinfo.ResourcePath, query: dict) -> str:
+        """The discovery verb a request needs; "" for method/path combinations no route accepts."""
+        if path.path_verb == "watch":
+            return "watch" if self.command == "GET" else ""
+        if not path.name:
+            collection = {"POST": "create", "DELETE": "deletecollection"}
+            if self.command == "GET":
+                return "watch" if _watch_requested(query) else "list"
+            return collection.get(self.command, "")
+        item = {"GET": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+        if path.subresource:
+            item["POST"] = "create"
+        return item.get(self.command, "")
+
+    def _not_found(self, target: _Target, name: str):
+        self._send_status(_status(404, "NotFound", f"{target.qualified(name)} not found", target.details(name)))
+
+    def _get(self, target: _Target, name: str):
+        try:
+            self._send_json(200, target.present(self.instance.store.get(target.key(name))))
+        except NotFound:
+            self._not_found(target, name)
+
+    def _list(self, target: _Target, selector):
+        rv, objects = self.instance.store.list(target.group, target.resource, target.namespace)
+        self._send_json(200, {
+            "kind": f"{target.kind}List",
+            "apiVersion": target.api_version,
+            "metadata": {"resourceVersion": str(rv)},
+            "items": [target.present(obj) for obj in objects if selector(obj)],
+        })
+
+    def _create(self, target: _Target, body: bytes):
+        obj = self._json_body(body)
+        if obj is None:
+            return
+        meta = obj.setdefault("metadata", {})
+        name = meta.get("name")
+        if not name and meta.get("generateName"):
+            name = meta["generateName"] + "".join(random.choices(string.ascii_lowercase, k=5))
+        if not name:
+            message = f'{target.kind} "" is invalid: metadata.name: Required value: name or generateName is required'
+            return self._send_status(_status(422, "Invalid", message, {"kind": target.kind}))
+        if target.namespaced:
+            if meta.get("namespace", target.namespace) not in ("", target.namespace):
+                return self._send_status(_status(400, "BadRequest", "the namespace of the provided object does not "
+                                                                    "match the namespace sent on the request"))
+            meta["namespace"] = target.namespace
+        else:
+            meta.pop("namespace", None)
+        meta.update(name=name, uid=str(uuid.uuid4()),
+                    creationTimestamp=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        obj.update(apiVersion=target.api_version, kind=target.kind)
+        try:
+            self._send_json(201, target.present(self.instance.store.create(target.key(name), obj)))
+        except AlreadyExists:
+            self._send_status(_status(409, "AlreadyExists", f"{target.qualified(name)} already exists",
+                                      target.details(name)))
+
+    def _write(self, target: _Target, name: str, compute):
+        """Shared tail of update/patch: atomic read-modify-write with a resourceVersion precondition."""
+
+        def change(current: dict) -> dict:
+            new = compute(current)
+            wanted = (new.get("metadata") or {}).get("resourceVersion")
+            if wanted and wanted != current["metadata"]["resourceVersion"]:
+                raise Conflict()
+            meta = new.setdefault("metadata", {})
+            for field in ("name", "namespace", "uid", "creationTimestamp"):
+                if field in current["metadata"]:
+                    meta[field] = current["metadata"][field]
+            return {**new, "apiVersion": target.api_version, "kind": target.kind}
+
+        try:
+            self._send_json(200, target.present(self.instance.store.update(target.key(name), change)))
+        except NotFound:
+            self._not_found(target, name)
+        except Conflict:
+            message = (f"Operation cannot be fulfilled on {target.qualified(name)}: the object has been modified; "
+                       "please apply your changes to the latest version and try again")
+            self._send_status(_status(409, "Conflict", message, target.details(name)))
+
+    def _update(self, target: _Target, name: str, body: bytes):
+        obj = self._json_body(body)
+        if obj is None:
+            return
+        body_name = (obj.get("metadata") or {}).get("name")
+        if body_name and body_name != name:
+            message = f"the name of the object ({body_name}) does not match the name on the URL ({name})"
+            return self._send_status(_status(400, "BadRequest", message))
+        self._write(target, name, lambda current: obj)
+
+    def _patch(self, target: _Target, name: str, body: bytes):
+        content_type = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
+        if content_type not in MERGE_PATCH_TYPES:
+            message = ("the body of the request was in an unknown format - accepted media types include: "
+                       + ", ".join(MERGE_PATCH_TYPES))
+            return self._send_status(_status(415, "UnsupportedMediaType", message))
+        patch = self._json_body(body)
+        if patch is not None:
+            self._write(target, name, lambda current: merge_patch(current, patch))
+
+    def _delete(self, target: _Target, name: str):
+        try:
+            self._send_json(200, target.present(self.instance.store.delete(target.key(name))))
+        except NotFound:
+            self._not_found(target, name)
+
+    def _delete_collection(self, target: _Target, selector):
+        self.instance.store.delete_collection(target.group, target.resource, target.namespace, selector)
+        self._send_json(200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"})
+
+    def _other_subresource(self, target: _Target, path: requestinfo.ResourcePath):
+        """Served subresources beyond status: enough behaviour to tell which instance answered."""
+        try:
+            parent = self.instance.store.get(target.key(path.name))
+        except NotFound:
+            return self._not_found(target, path.name)
+        if path.subresource == "log":
+            return self._send(200, f"fake log from {self.instance.name}\n".encode(), TEXT)
+        if path.subresource in STREAMING_SUBRESOURCES and "websocket" in self.headers.get("Upgrade", "").lower():
+            return self._websocket_echo(path)
+        self._send_json(200, target.present(parent))
+
+    # --- WebSocket echo (exec-style streaming subresources) ---------------------------------------------------
+
+    def _websocket_echo(self, path: requestinfo.ResourcePath):
+        """RFC 6455 server side: handshake, a greeting naming the instance, then echo until close."""
+        key = self.headers.get("Sec-WebSocket-Key", "")
+        if self.command != "GET" or not key or "upgrade" not in self.headers.get("Connection", "").lower():
+            return self._send_status(_status(400, "BadRequest", "invalid WebSocket upgrade request"))
+        accept = base64.b64encode(hashlib.sha1((key + WEBSOCKET_GUID).encode()).digest()).decode()
+        self.send_response(101, "Switching Protocols")
+        self.send_header("Upgrade", "websocket")
+        self.send_header("Connection", "Upgrade")
+        self.send_header("Sec-WebSocket-Accept", accept)
+        offered = [p.strip() for p in self.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()]
+        if offered:
+            self.send_header("Sec-WebSocket-Protocol", offered[0])
+        self.end_headers()
+        self.close_connection = True
+        try:
+            self.wfile.flush()
+            self._ws_send(0x1, f"{self.instance.name} {path.subresource} {path.name}".encode())
+            while not self.instance.stopped:
+                frame = self._ws_receive()
+                if frame is None:
+                    return
+                opcode, payload = frame
+                if opcode == 0x8:  # close: echo the status code and stop
+                    self._ws_send(0x8, payload[:2])
+                    return
+                if opcode == 0x9:
+                    self._ws_send(0xA, payload)
+                elif opcode in (0x1, 0x2):
+                    self._ws_send(opcode, payload)
+        except OSError:
+            return
+
+    def _ws_receive(self) -> tuple[int, bytes] | None:
+        """One whole (possibly fragmented) client message; None when the peer hung up."""
+        message, message_opcode = b"", None
+        while True:
+            head = self.rfile.read(2)
+            if len(head) < 2:
+                return None
+            fin, opcode, masked, length = head[0] & 0x80, head[0] & 0x0F, head[1] & 0x80, head[1] & 0x7F
+            if length == 126:
+                length = int.from_bytes(self.rfile.read(2), "big")
+            elif length == 127:
+                length = int.from_bytes(self.rfile.read(8), "big")
+            mask = self.rfile.read(4) if masked else b""
+            data = self.rfile.read(length)
+            if len(data) < length:
+                return None
+            if mask and length:
+                repeated = (mask * (length // 4 + 1))[:length]
+                data = (int.from_bytes(data, "big") ^ int.from_bytes(repeated, "big")).to_bytes(length, "big")
+            if opcode >= 0x8:  # control frames are never fragmented and may interleave
+                return opcode, data
+            if opcode:
+                message_opcode = opcode
+            message += data
+            if fin:
+                return message_opcode or 0x1, message
+
+    def _ws_send(self, opcode: int, payload: bytes):
+        length = len(payload)
+        if length < 126:
+            head = bytes([0x80 | opcode, length])
+        elif length < 1 << 16:
+            head = bytes([0x80 | opcode, 126]) + length.to_bytes(2, "big")
+        else:
+            head = bytes([0x80 | opcode, 127]) + length.to_bytes(8, "big")
+        self.wfile.write(head + payload)
+        self.wfile.flush()
+
+    # --- watch ----------------------------------------------------------------------------------------------
+
+    def _watch(self, target: _Target, query: dict, selector):
+        """Chunked stream of watch events, one JSON line per chunk, until timeout, stop or client hang-up."""
+        store = self.instance.store
+        rv_param = query.get("resourceVersion", [""])[0]
+        try:
+            since = int(rv_param) if rv_param not in ("", "0") else None
+            timeout = float(query.get("timeoutSeconds", [DEFAULT_WATCH_TIMEOUT_SECONDS])[0])
+        except ValueError as err:
+            return self._send_status(_status(400, "BadRequest", f"invalid watch parameter: {err}"))
+        deadline = time.monotonic() + timeout
+
+        if since is None:
+            cursor, objects = store.list(target.group, target.resource, target.namespace)
+            pending = [("ADDED", target.present(obj)) for obj in objects if selector(obj)]
+        else:
+            cursor, pending = since, []  # the loop below replays what came after `since`
+        self.send_response(200)
+        self.send_header("Content-Type", JSON)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Cache-Control", "no-cache, private")
+        self.end_headers()
+        try:
+            while True:
+                for type_, obj in pending:
+                    self._write_chunk(encode({"type": type_, "object": obj}) + b"\n")
+                if any(type_ == "ERROR" for type_, _ in pending):
+                    break
+                with store.cond:
+                    while (store.resource_version == cursor and not self.instance.stopped
+                           and time.monotonic() < deadline):
+                        store.cond.wait(deadline - time.monotonic())
+                    if self.instance.stopped or time.monotonic() >= deadline:
+                        break
+                    try:
+                        seen = (_seen_by(event, target, selector) for event in store.events_after(cursor))
+                        pending = [(type_, target.present(obj)) for type_, obj in filter(None, seen)]
+                    except Expired as err:
+                        pending = [("ERROR", _status(410, "Expired", str(err)))]
+                    cursor = store.resource_version
+            self._write_chunk(b"")
+        except OSError:  # client went away, or stop() shut the socket
+            self.close_connection = True
+            return
+        self.close_connection = self.instance.stopped
+
+    def _write_chunk(self, data: bytes):
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    instance: "Instance"
+
+    def handle_error(self, request, client_address):
+        """Connection resets are normal here (stop(), clients dropping watches, truncation); other errors are bugs."""
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+
+
+class Instance:
+    """One fake apiserver listening on 127.0.0.1, serving `apiset` over the cluster's shared store."""
+
+    def __init__(self, name: str, store: Store, apiset: ApiSet, port: int = 0, aggregated: bool = True,
+                 accept_v2beta1: bool = False):
+        self.name = name
+        self.store = store
+        self.apiset = apiset
+        self.aggregated = aggregated
+        self.accept_v2beta1 = accept_v2beta1
+        # What `/api` and `/apis` can answer in: legacy always, aggregated like 1.26+ servers, v2beta1 like ≤1.32.
+        self.discovery_offers = (JSON,) + ((AGGREGATED_V2,) if aggregated else ()) + (
+            (AGGREGATED_V2BETA1,) if aggregated and accept_v2beta1 else ())
+        self._fault = "ok"
+        self.discovery_delay_ms = 0
+        self.oversized_bytes = OVERSIZED_BYTES
+        self._log = deque(maxlen=REQUEST_LOG_SIZE)
+        self._lock = threading.Lock()
+        self._connections: set[socket.socket] = set()
+        self._stopping = threading.Event()
+        self._server = _Server(("127.0.0.1", port), _Handler)
+        self._server.instance = self
+        self.port = self._server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True,
+                         name=f"fake-apiserver-{name}").start()
+
+    @property
+    def fault(self) -> str:
+        """Current discovery fault mode, one of FAULT_MODES."""
+        return self._fault
+
+    @fault.setter
+    def fault(self, mode: str):
+        if mode not in FAULT_MODES:
+            raise ValueError(f"unknown fault mode {mode!r}")
+        self._fault = mode
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopping.is_set()
+
+    def version_info(self) -> dict:
+        minor = self.apiset.minor
+        return {
+            "major": "1", "minor": minor, "emulationMajor": "1", "emulationMinor": minor,
+            "minCompatibilityMajor": "1", "minCompatibilityMinor": str(int(minor) - 1),
+            "gitVersion": f"v1.{minor}.0-fake+{self.name}", "gitCommit": "0" * 40, "gitTreeState": "clean",
+            "buildDate": "2025-01-01T00:00:00Z", "goVersion": "go1.24.0", "compiler": "gc", "platform": "linux/amd64",
+        }
+
+    def requests(self) -> list[dict]:
+        """Logged requests, oldest first: {"method", "path", "headers": {lowercased name: value}}."""
+        with self._lock:
+            return list(self._log)
+
+    def clear_requests(self):
+        with self._lock:
+            self._log.clear()
+
+    def stop(self):
+        """Close the listener and every open connection, ending watches and hung requests, so the port is free."""
+        with self._lock:
+            self._stopping.set()
+            connections = list(self._connections)
+        with self.store.cond:
+            self.store.cond.notify_all()  # watches re-check _stopping
+        self._server.shutdown()
+        self._server.server_close()
+        for connection in connections:
+            _hang_up(connection)
+
+    def _log_request(self, method: str, path: str, headers):
+        entry = {"method": method, "path": path, "headers": {}}
+        for name, value in headers.items():
+            name = name.lower()
+            entry["headers"][name] = f"{entry['headers'][name]}, {value}" if name in entry["headers"] else value
+        with self._lock:
+            self._log.append(entry)
+
+    def _track(self, connection: socket.socket):
+        with self._lock:
+            if not self._stopping.is_set():
+                self._connections.add(connection)
+                return
+        _hang_up(connection)  # accepted while stopping
+
+    def _untrack(self, connection: socket.socket):
+        with self._lock:
+            self._connections.discard(connection)
+
+
+def _hang_up(connection: socket.socket):
+    try:
+        connection.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+class Cluster:
+    """Fake apiserver instances sharing one object store, like apiservers of different versions on one etcd."""
+
+    def __init__(self, max_events: int = 10_000):
+        """`max_events`: how many store events watches can replay from (older resourceVersions get 410)."""
+        self.store = Store(max_events)
+        self.instances: dict[str, Instance] = {}
+
+    def start(self, name: str, port: int = 0, apiset: "str | dict | ApiSet" = "old", *, aggregated: bool = True,
+              accept_v2beta1: bool = False) -> Instance:
+        """Start an instance; port 0 picks a free port. `apiset` is "old", "new", a spec dict or an ApiSet."""
+        if name in self.instances and not self.instances[name].stopped:
+            raise ValueError(f"instance {name!r} is already running")
+        instance = Instance(name, self.store, resolve_apiset(apiset), port, aggregated, accept_v2beta1)
+        self.instances[name] = instance
+        return instance
+
+    def restart(self, name: str, apiset: "str | dict | ApiSet | None" = None, *, aggregated: bool | None = None,
+                accept_v2beta1: bool | None = None) -> Instance:
+        """Stop an instance and start it again on the same port; unspecified settings are kept."""
+        old = self.instances[name]
+        old.stop()
+        return self.start(name, old.port, old.apiset if apiset is None else apiset,
+                          aggregated=old.aggregated if aggregated is None else aggregated,
+                          accept_v2beta1=old.accept_v2beta1 if accept_v2beta1 is None else accept_v2beta1)
+
+    def stop_all(self):
+        for instance in self.instances.values():
+            if not instance.stopped:
+                instance.stop()
