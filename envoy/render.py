@@ -95,6 +95,8 @@ def render_bootstrap(*, node, listen_port, admin_port, local, peers, wasm_path, 
         # The apiserver sees exactly the path the client sent, as it would without Envoy, so the
         # filter's RequestInfo and the apiserver's agree (no normalization, no slash merging).
         "normalize_path": False,
+        # Envoy's default, stated so the limit is visible: larger request headers get a 431.
+        "max_request_headers_kb": 60,
         "merge_slashes": False,
         "path_with_escaped_slashes_action": "KEEP_UNCHANGED",
         # Watches and exec streams are long-lived; the apiserver bounds them itself.

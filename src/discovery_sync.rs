@@ -44,8 +44,14 @@ pub enum Outcome {
         etag: Option<String>,
         body: Vec<u8>,
     },
-    /// No response at all (reset, dispatch failure, or Envoy gave no headers).
+    /// Envoy could not connect to the server (its own 503, not the server's): the only failure
+    /// that marks a server unhealthy, i.e. not routed to while its data is kept.
+    Unreachable,
+    /// The stream ended without a usable response: reset mid-body, Envoy's own response-size
+    /// limit, or a dispatch failure.
     NoResponse,
+    /// No answer before the round's deadline.
+    Overdue,
     /// The body exceeded `max_discovery_bytes` and was not read.
     Oversized,
 }
@@ -218,7 +224,7 @@ impl Syncer {
             }
             let overdue: Vec<u64> = self.in_flight.keys().copied().collect();
             for id in overdue {
-                let more = self.on_response(id, Outcome::NoResponse, now_ms);
+                let more = self.on_response(id, Outcome::Overdue, now_ms);
                 step.errors.extend(more.errors);
                 step.publish = step.publish.or(more.publish);
             }
@@ -282,7 +288,7 @@ impl Syncer {
             Err((kind, detail)) => {
                 if let Some(s) = self.servers.get_mut(si) {
                     s.work.failed = true;
-                    s.work.unreachable |= matches!(kind, "unreachable" | "unavailable" | "timeout");
+                    s.work.unreachable |= kind == "unreachable";
                 }
                 step.errors.push(SyncError {
                     server: name,
@@ -308,7 +314,9 @@ impl Syncer {
     /// Turns an HTTP outcome into a parsed document (or the cached one for a 304).
     fn interpret(&mut self, si: usize, path: &str, outcome: Outcome) -> Result<Doc, (&'static str, String)> {
         let (status, content_type, etag, body) = match outcome {
-            Outcome::NoResponse => return Err(("unreachable", "no response".into())),
+            Outcome::Unreachable => return Err(("unreachable", "cannot connect".into())),
+            Outcome::NoResponse => return Err(("reset", "no response".into())),
+            Outcome::Overdue => return Err(("timeout", "no answer before the round's deadline".into())),
             Outcome::Oversized => return Err(("oversized", format!("body larger than {} bytes", self.max_bytes))),
             Outcome::Response {
                 status,

@@ -199,17 +199,80 @@ fn parse_watch_bool(v: &str) -> bool {
     !(v == "0" || v.eq_ignore_ascii_case("false"))
 }
 
-/// Returns `x` for a selector that requires `metadata.name=x` or `metadata.name==x`.
+/// apimachinery `fields.ParseSelector(sel)` followed by `RequiresExactMatch("metadata.name")`.
+///
+/// Returns `None` when no `metadata.name=x` / `metadata.name==x` term exists **or** when the selector
+/// does not parse: upstream then fails the whole list-options decode and leaves `Name` empty.
+/// Grammar (k8s.io/apimachinery `pkg/fields/selector.go`): terms split on unescaped `,`, sorted,
+/// empty terms skipped; each term splits at the first `!=`, `==` or `=` (no trimming); the value is
+/// unescaped (`\\`, `\,`, `\=`; any other escape, a trailing `\`, or an unescaped `,`/`=` is an error).
+/// The first matching term **in sorted order** wins.
 fn exact_name_selector(sel: &str) -> Option<String> {
-    sel.split(',').find_map(|term| {
-        let term = term.trim();
-        let rest = term.strip_prefix("metadata.name")?;
-        let value = rest.strip_prefix("==").or_else(|| rest.strip_prefix('='))?;
-        if value.starts_with('=') {
-            return None;
+    let mut terms = split_selector_terms(sel);
+    terms.sort_unstable();
+    let mut found: Option<String> = None;
+    for term in terms.into_iter().filter(|t| !t.is_empty()) {
+        let (field, op, raw_value) = split_selector_term(term)?;
+        let value = unescape_selector_value(raw_value)?;
+        // `field == "" && value == ""` becomes Everything() upstream; it never matches a field.
+        if op != "!=" && field == "metadata.name" && found.is_none() {
+            found = Some(value);
         }
-        Some(value.trim().to_string())
+    }
+    found
+}
+
+/// apimachinery `fields.splitTerms`: split on `,` not preceded by a `\` escape (escapes are kept).
+fn split_selector_terms(sel: &str) -> Vec<&str> {
+    if sel.is_empty() {
+        return Vec::new();
+    }
+    let mut terms = Vec::new();
+    let mut start = 0;
+    let mut in_slash = false;
+    for (i, c) in sel.char_indices() {
+        if in_slash {
+            in_slash = false;
+        } else if c == '\\' {
+            in_slash = true;
+        } else if c == ',' {
+            terms.push(sel.get(start..i).unwrap_or(""));
+            start = i + 1;
+        }
+    }
+    terms.push(sel.get(start..).unwrap_or(""));
+    terms
+}
+
+/// apimachinery `fields.splitTerm`: the first position where `!=`, `==` or `=` starts.
+fn split_selector_term(term: &str) -> Option<(&str, &'static str, &str)> {
+    term.char_indices().find_map(|(i, _)| {
+        let rest = term.get(i..)?;
+        let op = ["!=", "==", "="].into_iter().find(|op| rest.starts_with(op))?;
+        Some((term.get(..i)?, op, rest.get(op.len()..)?))
     })
+}
+
+/// apimachinery `fields.UnescapeValue`.
+fn unescape_selector_value(v: &str) -> Option<String> {
+    let mut out = String::with_capacity(v.len());
+    let mut in_slash = false;
+    for c in v.chars() {
+        if in_slash {
+            if !matches!(c, '\\' | ',' | '=') {
+                return None;
+            }
+            out.push(c);
+            in_slash = false;
+        } else {
+            match c {
+                '\\' => in_slash = true,
+                ',' | '=' => return None,
+                _ => out.push(c),
+            }
+        }
+    }
+    (!in_slash).then_some(out)
 }
 
 /// apimachinery `path.IsValidPathSegmentName`: not `.`/`..`, no `/` or `%`.

@@ -701,23 +701,30 @@ fn failures_keep_last_good_data_until_the_staleness_limit() {
             unreachable: false,
         },
         F {
-            desc: "HTTP 503",
+            desc: "HTTP 503 from the server",
             path: "/apis",
-            outcome: response(503, "text/plain", b"no healthy upstream"),
+            outcome: response(503, "application/json", b"{}"),
             kind: "unavailable",
-            unreachable: true,
+            unreachable: false,
         },
         F {
             desc: "HTTP 504",
             path: "/api",
             outcome: response(504, "text/plain", b"upstream request timeout"),
             kind: "timeout",
-            unreachable: true,
+            unreachable: false,
         },
         F {
-            desc: "no response",
+            desc: "no response (reset)",
             path: "/apis",
             outcome: Some(Outcome::NoResponse),
+            kind: "reset",
+            unreachable: false,
+        },
+        F {
+            desc: "cannot connect",
+            path: "/apis",
+            outcome: Some(Outcome::Unreachable),
             kind: "unreachable",
             unreachable: true,
         },
@@ -844,8 +851,8 @@ fn unreachable_then_answering_again_within_the_limit() {
     let good = fake();
     round(&mut s, &good, 0);
     let mut down = good.clone();
-    down.set("peer-b", "/api", Some(Outcome::NoResponse));
-    down.set("peer-b", "/apis", Some(Outcome::NoResponse));
+    down.set("peer-b", "/api", Some(Outcome::Unreachable));
+    down.set("peer-b", "/apis", Some(Outcome::Unreachable));
     let p = round(&mut s, &down, 1000).publish.expect("unhealthy");
     assert_eq!(p.table.unhealthy, 1 << PEER_B);
     // Answers again (304s from the cache): healthy again, same data.
@@ -917,7 +924,7 @@ fn a_server_that_never_succeeded_is_not_in_the_snapshot() {
     let mut fake = fake();
     fake.set("peer-b", "/api", Some(Outcome::NoResponse));
     let r = round(&mut s, &fake, 0);
-    assert_eq!(r.error_kinds(), [("peer-b", "unreachable")]);
+    assert_eq!(r.error_kinds(), [("peer-b", "reset")]);
     let p = r.publish.expect("snapshot");
     assert_eq!(
         p.table.servers.iter().map(|x| x.name.as_str()).collect::<Vec<_>>(),
@@ -950,12 +957,12 @@ fn unanswered_round_ends_at_the_deadline() {
     assert_eq!(
         kinds,
         [
-            ("local", "unreachable"),
-            ("local", "unreachable"),
-            ("peer-b", "unreachable"),
-            ("peer-b", "unreachable"),
-            ("peer-c", "unreachable"),
-            ("peer-c", "unreachable")
+            ("local", "timeout"),
+            ("local", "timeout"),
+            ("peer-b", "timeout"),
+            ("peer-b", "timeout"),
+            ("peer-c", "timeout"),
+            ("peer-c", "timeout")
         ]
     );
     // The round ends (a snapshot with nobody in it) and a new round starts right away.
@@ -986,7 +993,7 @@ fn partially_answered_round_ends_at_the_deadline() {
     assert!(r.publish.is_none(), "the round waits for peer-b");
     let step = s.on_tick(2500);
     let kinds: Vec<(&str, &str)> = step.errors.iter().map(|e| (e.server.as_str(), e.kind)).collect();
-    assert_eq!(kinds, [("peer-b", "unreachable")]);
+    assert_eq!(kinds, [("peer-b", "timeout")]);
     let p = step.publish.expect("snapshot");
     assert_eq!(
         p.table.servers.iter().map(|x| x.name.as_str()).collect::<Vec<_>>(),

@@ -76,11 +76,18 @@ impl Service {
                     .find(|(k, _)| k.eq_ignore_ascii_case(n))
                     .map(|(_, v)| v.clone())
             };
-            Outcome::Response {
-                status: get(":status").and_then(|s| s.parse().ok()).unwrap_or(0),
-                content_type: get("content-type").unwrap_or_default(),
-                etag: get("etag"),
-                body: host::buffer(BufferType::HttpCallResponseBody, body_size),
+            let status = get(":status").and_then(|s| s.parse().ok()).unwrap_or(0);
+            // Envoy's router stamps every upstream answer with this header; its own reply to a
+            // connect failure lacks it.
+            if status == 503 && get("x-envoy-upstream-service-time").is_none() {
+                Outcome::Unreachable
+            } else {
+                Outcome::Response {
+                    status,
+                    content_type: get("content-type").unwrap_or_default(),
+                    etag: get("etag"),
+                    body: host::buffer(BufferType::HttpCallResponseBody, body_size),
+                }
             }
         };
         let now = host::now_ms();

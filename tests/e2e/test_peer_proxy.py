@@ -215,7 +215,7 @@ def test_metrics_move_and_are_labelled_in_prometheus(topo):
 def test_unreachable_peer_counts_a_sync_error_and_is_dropped_after_the_staleness_limit(topo):
     topo.start(plugin={"staleness_limit": "2s"})
     topo.b.stop()
-    harness.wait_until(lambda: topo.counter("kube_peer_proxy_discovery_sync_errors_total;type=unavailable;server=b") > 0,
+    harness.wait_until(lambda: topo.counter("kube_peer_proxy_discovery_sync_errors_total;type=unreachable;server=b") > 0,
                        10, message="no sync error counted for the stopped peer")
     # Once b is stale only c serves the new resources.
     time.sleep(3)
