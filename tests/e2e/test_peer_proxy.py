@@ -284,3 +284,17 @@ def test_when_one_of_two_serving_peers_dies_traffic_moves_to_the_other(topo):
     statuses = [(topo.get(NEW_ONLY).status) for _ in range(30)]
     assert statuses.count(503) <= 2, statuses
     assert statuses[-20:] == [200] * 20, statuses
+
+
+@pytest.mark.parametrize("path", [
+    "/apis/apps/v1/namespaces/default/deployments//x",
+    "/apis/apps/v1/namespaces/default/deployments/a%2Fb",
+    "/apis/apps/v1/namespaces/default/./deployments",
+    "/api/v1/namespaces/default/configmaps/%7Euser",
+])
+def test_envoy_passes_the_path_unchanged_so_filter_and_apiserver_agree(topo, path):
+    """normalize_path/merge_slashes off and escaped slashes kept: the apiserver sees the raw path."""
+    topo.start()
+    topo.get(path)
+    seen = [q["path"] for q in topo.fake_requests(topo.a)]
+    assert path in seen, seen

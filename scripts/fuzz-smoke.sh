@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Bounded fuzz smoke for `make test` (≤ 60 s of fuzzing in total): each target runs on the committed
+# corpus (read-only) for FUZZ_SMOKE_SECONDS. Installs the nightly toolchain and cargo-fuzz if missing.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+SECONDS_EACH="${FUZZ_SMOKE_SECONDS:-15}"
+CARGO_FUZZ_VERSION="0.13.2"
+
+if ! rustup toolchain list | grep -q '^nightly'; then
+    echo "fuzz-smoke: rustup toolchain install nightly --profile minimal"
+    rustup toolchain install nightly --profile minimal
+fi
+if ! cargo fuzz --version 2>/dev/null | grep -q "$CARGO_FUZZ_VERSION"; then
+    echo "fuzz-smoke: cargo install cargo-fuzz@$CARGO_FUZZ_VERSION"
+    cargo install --locked "cargo-fuzz@$CARGO_FUZZ_VERSION"
+fi
+cargo +nightly fuzz build
+for target in request_info discovery config; do
+    out="$(mktemp -d)"
+    echo "fuzz-smoke: $target for ${SECONDS_EACH}s"
+    cargo +nightly fuzz run "$target" "$out" "fuzz/corpus/$target" -- \
+        -max_total_time="$SECONDS_EACH" -max_len=262144 -rss_limit_mb=2048 2>&1 | tail -n 3
+    rm -rf "$out"
+done
+echo "fuzz-smoke: 3 targets, no crash"
