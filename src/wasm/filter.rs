@@ -58,8 +58,7 @@ impl Shared {
 
     /// The newest table; re-reads shared data only when the generation moved.
     fn table(&self) -> Option<Rc<Table>> {
-        let generation = host::shared(snapshot::KEY_GENERATION)
-            .and_then(|b| std::str::from_utf8(&b).ok().and_then(|s| s.parse::<u64>().ok()));
+        let generation = host::shared_u64(snapshot::KEY_GENERATION);
         let mut cache = self.cache.borrow_mut();
         if generation.is_none() || generation == cache.generation {
             return cache.table.clone();
@@ -103,28 +102,39 @@ fn is_marked_down(table: Option<&Table>, index: usize) -> bool {
     let Some(server) = table.and_then(|t| t.servers.get(index)) else {
         return false;
     };
-    host::shared(&snapshot::down_key(&server.cluster))
-        .and_then(|b| String::from_utf8(b).ok()?.parse::<u64>().ok())
-        .is_some_and(|t| t != 0)
+    host::shared_u64(&snapshot::down_key(&server.cluster)).is_some_and(|t| t != 0)
 }
 
 pub struct PeerProxy {
     shared: Rc<Shared>,
-    rerouted: Option<Gvr>,
-    rerouted_cluster: Option<String>,
+    /// Set when this request was sent to a peer: what for, and which cluster.
+    rerouted: Option<(Gvr, String)>,
 }
 
 impl PeerProxy {
     pub fn new(shared: Rc<Shared>) -> PeerProxy {
-        PeerProxy {
-            shared,
-            rerouted: None,
-            rerouted_cluster: None,
-        }
+        PeerProxy { shared, rerouted: None }
     }
 
     fn inc(&self, name: String) {
         self.shared.metrics.borrow_mut().inc(name);
+    }
+
+    /// 503 Status with Retry-After, counted as a peer proxy error of `kind`.
+    fn service_unavailable(&self, kind: &str, gvr: &Gvr, body: Vec<u8>) -> Action {
+        let labels = [
+            ("type", kind),
+            ("group", gvr.group.as_str()),
+            ("version", gvr.version.as_str()),
+            ("resource", gvr.resource.as_str()),
+        ];
+        self.inc(metrics::name(metrics::PROXY_ERRORS, &labels));
+        let retry = self.shared.config.retry_after_seconds.to_string();
+        self.reply(
+            503,
+            vec![("content-type", "application/json"), ("retry-after", &retry)],
+            Some(&body),
+        )
     }
 
     fn reply(&self, status: u32, headers: Vec<(&str, &str)>, body: Option<&[u8]>) -> Action {
@@ -193,33 +203,12 @@ impl HttpContext for PeerProxy {
                 Action::Continue
             }
             Decision::Unavailable { gvr } => {
-                let labels = [
-                    ("type", "peer_unavailable"),
-                    ("group", gvr.group.as_str()),
-                    ("version", gvr.version.as_str()),
-                    ("resource", gvr.resource.as_str()),
-                ];
-                self.inc(metrics::name(metrics::PROXY_ERRORS, &labels));
-                let retry = config.retry_after_seconds.to_string();
                 let body = status::peer_unavailable(&gvr, config.retry_after_seconds);
-                self.reply(
-                    503,
-                    vec![("content-type", "application/json"), ("retry-after", &retry)],
-                    Some(&body),
-                )
+                self.service_unavailable("peer_unavailable", &gvr, body)
             }
             Decision::NotReady => {
-                self.inc(metrics::name(
-                    metrics::PROXY_ERRORS,
-                    &[("type", "not_ready"), ("group", ""), ("version", ""), ("resource", "")],
-                ));
-                let retry = config.retry_after_seconds.to_string();
                 let body = status::not_ready(config.retry_after_seconds);
-                self.reply(
-                    503,
-                    vec![("content-type", "application/json"), ("retry-after", &retry)],
-                    Some(&body),
-                )
+                self.service_unavailable("not_ready", &Gvr::default(), body)
             }
             Decision::Merged(doc) => match table {
                 Some(t) => self.serve_merged(doc, &t),
@@ -244,15 +233,14 @@ impl HttpContext for PeerProxy {
                 // Envoy 1.40 already re-picks the route after a header change; this keeps newer
                 // Envoys (which may stop doing so) correct and is harmless otherwise.
                 let _ = hostcalls::call_foreign_function("clear_route_cache", None);
-                self.rerouted = Some(gvr);
-                self.rerouted_cluster = Some(server.cluster.clone());
+                self.rerouted = Some((gvr, server.cluster.clone()));
                 Action::Continue
             }
         }
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        let Some(gvr) = self.rerouted.take() else {
+        let Some((gvr, cluster)) = self.rerouted.take() else {
             return Action::Continue;
         };
         let code = host::header(MapType::HttpResponseHeaders, ":status").unwrap_or_default();
@@ -267,10 +255,8 @@ impl HttpContext for PeerProxy {
         let details = host::property(&["response", "code_details"]).unwrap_or_default();
         if details.contains("connection_failure") {
             // Stop sending requests to this peer until it answers discovery again.
-            if let Some(cluster) = self.rerouted_cluster.take() {
-                log::warn!("kube-peer-proxy: cannot connect to cluster {cluster}; marking it down");
-                host::set_shared(&snapshot::down_key(&cluster), host::now_ms().to_string().as_bytes());
-            }
+            log::warn!("kube-peer-proxy: cannot connect to cluster {cluster}; marking it down");
+            host::set_shared(&snapshot::down_key(&cluster), host::now_ms().to_string().as_bytes());
         }
         if !details.is_empty() && details != "via_upstream" {
             let labels = [("type", "upstream_unreachable"), labels[1], labels[2], labels[3]];

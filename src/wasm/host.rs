@@ -55,6 +55,11 @@ pub fn shared(key: &str) -> Option<Vec<u8>> {
     hostcalls::get_shared_data(key).ok().and_then(|(v, _)| v)
 }
 
+/// A shared-data value written as a decimal number (generation, down marks).
+pub fn shared_u64(key: &str) -> Option<u64> {
+    shared(key).and_then(|b| std::str::from_utf8(&b).ok()?.parse().ok())
+}
+
 pub fn set_shared(key: &str, value: &[u8]) -> bool {
     match hostcalls::set_shared_data(key, Some(value), None) {
         Ok(()) => true,

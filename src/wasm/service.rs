@@ -52,9 +52,7 @@ impl Service {
     fn clear_recovered_down_marks(&self) {
         for (cluster, last_success) in self.syncer.answering_clusters() {
             let key = snapshot::down_key(cluster);
-            let mark = host::shared(&key)
-                .and_then(|b| String::from_utf8(b).ok()?.parse::<u64>().ok())
-                .unwrap_or(0);
+            let mark = host::shared_u64(&key).unwrap_or(0);
             if mark != 0 && last_success > mark {
                 log::info!("kube-peer-proxy: cluster {cluster} answers again; routing to it resumes");
                 host::set_shared(&key, b"0");
