@@ -16,6 +16,8 @@ import json
 import sys
 
 ROUTE_HEADER = "x-kube-peer-proxy-cluster"
+# Request header the filter sets on requests it answers itself (src/wasm/filter.rs).
+FILTER_REPLY_HEADER = "x-kube-peer-proxy-reply"
 VM_ID = "kube-peer-proxy"
 FILTER_ROOT_ID = "kube-peer-proxy"
 DISCOVERY_ROOT_ID = "kube-peer-proxy-discovery"
@@ -77,6 +79,14 @@ def render_bootstrap(*, node, listen_port, admin_port, local, peers, wasm_path, 
     """
     plugin_cfg = plugin_config(node, peers, plugin)
     retry_after = plugin_cfg.get("retry_after_seconds", 1)
+    unavailable_status = {
+        "headers_to_add": [{"header": {"key": "retry-after", "value": str(retry_after)},
+                            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
+        "body_format_override": {"json_format": {
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "%LOCAL_REPLY_BODY%", "reason": "ServiceUnavailable", "code": 503,
+            "details": {"retryAfterSeconds": retry_after}}},
+    }
     cfg = json.dumps(plugin_cfg, separators=(",", ":"))
     http_filters = []
     if with_filter:
@@ -105,15 +115,19 @@ def render_bootstrap(*, node, listen_port, admin_port, local, peers, wasm_path, 
         "upgrade_configs": [{"upgrade_type": "websocket"}, {"upgrade_type": "SPDY/3.1"}],
         # When Envoy cannot reach an apiserver it answers itself; make that answer what Kubernetes
         # clients expect (a Status with Retry-After), not plain text.
-        "local_reply_config": {"mappers": [{
-            "filter": {"response_flag_filter": {"flags": ["UF", "UH", "UO", "URX", "UC"]}},
-            "headers_to_add": [{"header": {"key": "retry-after", "value": str(retry_after)},
-                                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
-            "body_format_override": {"json_format": {
-                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                "message": "%LOCAL_REPLY_BODY%", "reason": "ServiceUnavailable", "code": 503,
-                "details": {"retryAfterSeconds": retry_after}}},
-        }]},
+        # The second mapper catches Envoy's other 503s, e.g. a request whose wasm VM just failed
+        # (`wasm_fail_stream`, no response flag); the filter marks its own 503s, which already
+        # are Status documents, with a request header so they are left alone.
+        "local_reply_config": {"mappers": [
+            {"filter": {"response_flag_filter": {"flags": ["UF", "UH", "UO", "URX", "UC"]}},
+             **unavailable_status},
+            {"filter": {"and_filter": {"filters": [
+                {"status_code_filter": {"comparison": {"op": "EQ", "value": {
+                    "default_value": 503, "runtime_key": "kube_peer_proxy.local_reply_503"}}}},
+                {"header_filter": {"header": {"name": FILTER_REPLY_HEADER, "present_match": True,
+                                              "invert_match": True}}},
+             ]}}, **unavailable_status},
+        ]},
         "route_config": {
             "name": "apiserver",
             # The routing header is removed from every client request before any filter runs

@@ -133,27 +133,35 @@ pub fn decide_with(
         return Decision::NotReady;
     };
     let local = table.local_mask();
-    let mut candidates = 0u64;
+    // The local server's data is trusted only while it answers discovery: right after it restarts
+    // (perhaps as another version) its old data may claim resources it no longer serves.
+    let local_trusted = local & !table.unhealthy;
     for key in std::iter::once(&local_key).chain(fallback_key.as_ref()) {
         let servers = table.servers_for(key);
+        if servers == 0 {
+            continue;
+        }
+        if servers & local_trusted != 0 {
+            return Decision::Local(LocalReason::ServedLocally);
+        }
+        let healthy: Vec<usize> = bits(servers & !local & !table.unhealthy)
+            .filter(|i| !is_down(*i))
+            .collect();
+        if let Some(nth) = healthy.len().checked_sub(1).map(|last| pick(healthy.len()).min(last)) {
+            let index = healthy.get(nth).copied().unwrap_or(0);
+            return Decision::Peer { index, gvr };
+        }
         if servers & local != 0 {
             return Decision::Local(LocalReason::ServedLocally);
         }
-        if servers != 0 {
-            candidates = servers;
-            break;
-        }
-    }
-    if candidates == 0 {
-        return Decision::Local(LocalReason::NotServedAnywhere);
-    }
-    let healthy: Vec<usize> = bits(candidates & !table.unhealthy).filter(|i| !is_down(*i)).collect();
-    if healthy.is_empty() {
         return Decision::Unavailable { gvr };
     }
-    let nth = pick(healthy.len()).min(healthy.len() - 1);
-    let index = healthy.get(nth).copied().unwrap_or(0);
-    Decision::Peer { index, gvr }
+    // Nobody is known to serve it. While some server cannot be asked, its API set may have changed
+    // (e.g. it is being upgraded): a 503 the client retries, not a 404 it believes.
+    if table.unhealthy != 0 {
+        return Decision::Unavailable { gvr };
+    }
+    Decision::Local(LocalReason::NotServedAnywhere)
 }
 
 fn bits(mask: u64) -> impl Iterator<Item = usize> {

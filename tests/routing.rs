@@ -753,22 +753,37 @@ fn unhealthy_peers_are_not_routed_to() {
             gvr: gvr("", "v1", "pods")
         }
     );
-    // Local and nowhere-served requests are unaffected.
+    // Locally served requests are unaffected.
     assert_eq!(
         decide(&get("/api/v1/pods"), Some(&t), true, &mut pick),
         Decision::Local(LocalReason::ServedLocally)
     );
+    // Served nowhere while a peer cannot be asked: its API set may have changed (it may be
+    // restarting as a newer version), so 503 + Retry-After rather than a 404.
     assert_eq!(
         decide(&get("/apis/nope.io/v1/x"), Some(&t), true, &mut pick),
+        Decision::Unavailable {
+            gvr: gvr("nope.io", "v1", "x")
+        }
+    );
+    // With every server healthy the same request is a genuine 404 from the local server.
+    let healthy = table();
+    assert_eq!(
+        decide(&get("/apis/nope.io/v1/x"), Some(&healthy), true, &mut pick),
         Decision::Local(LocalReason::NotServedAnywhere)
     );
-    // An unhealthy local bit does not matter: the local server always serves what it has.
+    // An unhealthy local server (it just restarted, maybe as another version): its old data is not
+    // trusted where a healthy peer serves the resource; where none does, it stays local.
     t.unhealthy = 1 << LOCAL;
     assert_eq!(
         decide(&get("/api/v1/pods"), Some(&t), true, &mut pick),
+        peer(PEER_B, "", "v1", "pods")
+    );
+    assert_eq!(
+        decide(&get("/api/v1/configmaps"), Some(&t), true, &mut pick),
         Decision::Local(LocalReason::ServedLocally)
     );
-    assert_eq!(asked, [1], "pick is only asked when a healthy candidate exists");
+    assert_eq!(asked, [1, 2], "pick is only asked when a healthy candidate exists");
 
     // Passive health: is_down is asked only about candidate peers.
     let t = table();

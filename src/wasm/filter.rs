@@ -17,6 +17,9 @@ use crate::routing::{self, Decision, Gvr, MergedDoc, RequestFacts, PEER_PROXIED_
 use crate::snapshot::{self, Table};
 use crate::status;
 
+/// Set on requests the filter answers with a 503 itself (see `envoy/render.py`).
+const FILTER_REPLY_HEADER: &str = "x-kube-peer-proxy-reply";
+
 /// Per-VM state shared by every request on this worker.
 pub struct Shared {
     config: Config,
@@ -129,6 +132,8 @@ impl PeerProxy {
             ("resource", gvr.resource.as_str()),
         ];
         self.inc(metrics::name(metrics::PROXY_ERRORS, &labels));
+        // Tells the bootstrap's local-reply mapper that this 503 already is a Status document.
+        host::set_header(MapType::HttpRequestHeaders, FILTER_REPLY_HEADER, Some("true"));
         let retry = self.shared.config.retry_after_seconds.to_string();
         self.reply(
             503,

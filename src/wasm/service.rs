@@ -91,6 +91,8 @@ impl Service {
         let now = host::now_ms();
         let step = self.syncer.on_response(id, outcome, now);
         self.handle(step, now);
+        // A round may just have ended: the gauges should not wait for the next tick.
+        self.export_gauges(now);
     }
 
     fn handle(&mut self, step: Step, now: u64) {

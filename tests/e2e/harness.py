@@ -251,14 +251,16 @@ class Envoy:
             self._log_file = None
         _live.discard(self)
 
+    def _log_files(self) -> list[Path]:
+        # func-e also keeps Envoy's own stderr in its run directory; depending on how it was
+        # stopped, its forwarded copy in envoy.log can be just the "starting" line.
+        return [self.log_path, *sorted(self.workdir.glob("func-e/state/envoy-runs/*/stderr.log"))]
+
     def log_text(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
+        return "\n".join(p.read_text(errors="replace") for p in self._log_files() if p.exists())
 
     def log_tail(self, lines: int = 200) -> str:
-        return _tail(self.log_path, lines)
+        return "\n".join(_tail(p, lines) for p in self._log_files() if p.exists())
 
     def stats(self, filter: str | None = None) -> dict[str, int]:
         """Counters and gauges from the admin /stats endpoint (filter is a regex)."""

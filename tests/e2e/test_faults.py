@@ -4,8 +4,8 @@
   404, never a hang past the cluster's connect timeout) and route to it again within one refresh after it
   returns.
 * A peer whose discovery answers 500, malformed JSON, a truncated body, a timeout or an oversized body keeps
-  its last good data until the staleness limit (never a 404 before that), and the sync-error metric counts
-  every failure by type.
+  its last good data until the staleness limit (still routed to, never a 404 before that), and the sync-error
+  metric counts every failure by type.
 * When one of two peers serving a GVR dies, traffic moves to the other; the only client-visible errors are
   requests that were already on their way to the dying peer.
 
@@ -75,6 +75,7 @@ def test_killed_peer_gives_503_with_retry_after_then_routes_again_within_one_ref
         time.sleep(1.0)
         t_kill = time.monotonic()
         topo.b.stop()
+        t_dead = time.monotonic()  # b's listener and connections are closed
         time.sleep(2.0)  # well inside the 5 s staleness limit: b is unreachable, not forgotten
         topo.b = topo.cluster.start("b", topo.b.port, apiset="new")
         t_back = time.monotonic()
@@ -83,8 +84,9 @@ def test_killed_peer_gives_503_with_retry_after_then_routes_again_within_one_ref
         time.sleep(1.0)
     answers = load.answers
     before = [a for a in answers if a.t1 < t_kill]
-    # Sent while b was down; requests already under way when it died may end in any error (cut mid-body).
-    during = [a for a in answers if t_kill <= a.t0 < t_back]
+    # Sent while b was down. Requests already under way when it died may end in any error but a 404 (a body
+    # cut off after the headers reaches the client as a short read once Envoy's delayed close expires, 1 s).
+    during = [a for a in answers if t_dead <= a.t0 < t_back]
     after = [a for a in answers if a.t0 >= t_back]
     assert before and all(a.status == 200 and a.served_by == "b" for a in before), describe(before)
 
@@ -107,28 +109,24 @@ def test_killed_peer_gives_503_with_retry_after_then_routes_again_within_one_ref
     assert settled and all(a.status == 200 and a.served_by == "b" for a in settled), describe(settled)
 
 
-# Fault → the sync error type the filter counts for it. A body cut short after the headers reaches the filter
-# exactly like a refused connection (Envoy hands proxy-wasm no headers and no body for a reset http call), so
-# it can only be counted as `unreachable`.
+# Fault → the sync error type the filter counts for it (each its own type). None of them marks the peer
+# unhealthy: it answered (or accepted the connection), so it keeps serving on its last good data; only a refused
+# connection ("unreachable", the killed-peer test above) stops routing to a peer before the staleness limit.
 FAULT_TYPES = {
     "500": "http_status",
     "malformed": "decode",
-    "truncated": "unreachable",
+    "truncated": "reset",
     "timeout": "timeout",
     "oversized": "oversized",
 }
 MAX_DISCOVERY_BYTES = 1 << 20  # the real documents are < 100 KB; "oversized" sends 4 MiB
-# Faults after which the peer still answers, just not with usable discovery: it stays routable on its last good
-# data. A fetch that times out or loses its connection marks the peer unreachable instead: its resources get a
-# 503 with Retry-After (still never a 404) until it answers again or the staleness limit drops it.
-STILL_ROUTED = {"500", "malformed", "oversized"}
 
 
 @pytest.mark.parametrize("fault", list(FAULT_TYPES))
 def test_bad_discovery_keeps_last_good_data_until_the_staleness_limit(topo, fault):
     only_b_serves_new(topo)
-    staleness = 3.0
-    topo.start(plugin={"staleness_limit": "3s", "max_discovery_bytes": MAX_DISCOVERY_BYTES})
+    staleness = 2.0
+    topo.start(plugin={"staleness_limit": "2s", "max_discovery_bytes": MAX_DISCOVERY_BYTES})
     assert topo.get(NEW_ONLY).status == 200
     before = sync_errors(topo, "b")
     with Hammer(topo.port, new_only_get, workers=2, pace=0.02) as load:
@@ -148,18 +146,14 @@ def test_bad_discovery_keeps_last_good_data_until_the_staleness_limit(topo, faul
     # Kept (and never a 404) until the staleness limit; dropped no earlier than it allows.
     assert t_dropped - t_fault >= staleness - 2 * REFRESH, f"dropped after {t_dropped - t_fault:.2f} s"
     assert kept, "no request while b's data was kept"
-    if fault in STILL_ROUTED:
-        bad = [a for a in kept if not (a.status == 200 and a.served_by == "b")]
-    else:
-        bad = [a for a in kept if not (a.status == 200 and a.served_by == "b" or a.is_503_status_with_retry_after())]
-        assert any(a.status == 503 for a in kept), "an unreachable peer's resources must get 503s"
+    bad = [a for a in kept if not (a.status == 200 and a.served_by == "b")]
     assert not bad, describe(bad)
     assert all(a.latency < CONNECT_TIMEOUT + 0.5 for a in answers), describe(sorted(answers, key=lambda a: -a.latency))
 
     # The peer recovers: routed again within about one refresh once its discovery is good.
     set_fault(topo.b, "ok")
     t_ok = time.monotonic()
-    harness.wait_until(lambda: topo.get(NEW_ONLY).status == 200, 3 + 2 * REFRESH,
+    harness.wait_until(lambda: topo.get(NEW_ONLY).status == 200, 2 + 2 * REFRESH,
                        message="b not routed again after its discovery recovered")
     assert time.monotonic() - t_ok <= 2 * REFRESH + 1.0
 
@@ -179,15 +173,21 @@ def test_when_one_of_two_peers_dies_traffic_moves_to_the_other(topo):
         in_flight = load.in_flight()
         t_kill = time.monotonic()
         topo.b.stop()
+        t_dead = time.monotonic()
         time.sleep(2.0)
     answers = load.answers
     errors = [a for a in answers if a.status != 200]
-    # The only errors: requests already under way to b, and at most one per worker that had picked b before the
-    # first connect failure marked it down. All of them 503 Status with Retry-After, none a 404.
-    assert all(a.is_503_status_with_retry_after() for a in errors), describe(errors)
-    assert len(errors) <= in_flight + workers, (in_flight, describe(errors))
-    assert all(a.t0 < t_kill + 0.5 for a in errors), describe(errors)
-    later = [a for a in answers if a.t0 >= t_kill + 0.5]
+    assert not [a for a in answers if a.status == 404], describe(errors)
+    # Requests under way when b died may fail any way but 404 (cut mid-body, reset). After that, the only errors
+    # are requests that had already picked b when the first connect failure marked it down: at most one per
+    # worker, each a 503 Status with Retry-After.
+    in_flight_errors = [a for a in errors if a.t0 < t_dead]
+    raced = [a for a in errors if a.t0 >= t_dead]
+    assert all(a.is_503_status_with_retry_after() for a in raced), describe(raced)
+    assert len(raced) <= workers, describe(raced)
+    assert len(in_flight_errors) <= max(in_flight, workers), describe(in_flight_errors)
+    assert all(a.t0 < t_dead + 0.5 for a in errors), describe(errors)
+    later = [a for a in answers if a.t0 >= t_dead + 0.5]
     assert len(later) > 50 and all(a.status == 200 and a.served_by == "c" for a in later), describe(later)
-    print(f"one of two peers died: {len(errors)} client-visible errors "
+    print(f"one of two peers died: {len(in_flight_errors)} in-flight errors, {len(raced)} raced 503s "
           f"({in_flight} requests in flight at the kill, {workers} workers)")

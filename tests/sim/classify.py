@@ -1,0 +1,208 @@
+"""Which servers served which API set when, and what every response means against that timeline.
+
+Two timelines per server, both as closed-open intervals of time.monotonic():
+
+* **running** — the process is up: from `start()` returning to the moment `stop()` is called.
+* **in service** — the server is part of the cluster's serving set: from "ready" (it answers, the load
+  balancer may send to it again, and in filter mode every Envoy's filter has fetched its new discovery) to
+  the moment the upgrade takes it out of rotation (before it is stopped).
+
+A 404 for a resource (not for an object) is
+* **false** when during the request's whole life [sent, answered] some server that was *in service*
+  served the GVR: the cluster served it, the client was told it does not exist;
+* **while a server was starting** when it was not false but some *running* server served the GVR the
+  whole time — the window between a server's start and the moment the cluster has learned its API set
+  (the filter cannot route to a version it has not discovered yet); reported separately, never hidden;
+* **genuine** otherwise (nobody running served it, e.g. old-only GVRs after the last old server left).
+
+A request that overlaps a change of the serving set is judged against the whole interval, so a response
+is never called false because of where exactly inside its lifetime the server changed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+from . import gvrs as gvr_defs
+
+
+@dataclass
+class Timeline:
+    service: list[tuple[str, str, float, float]] = field(default_factory=list)
+    running: list[tuple[str, str, float, float]] = field(default_factory=list)
+    _open_service: dict[str, tuple[str, float]] = field(default_factory=dict)
+    _open_running: dict[str, tuple[str, float]] = field(default_factory=dict)
+
+    def begin(self, kind: str, server: str, apiset: str, t: float):
+        opened = self._open_service if kind == "service" else self._open_running
+        if server in opened:
+            raise ValueError(f"{server} already has an open {kind} interval")
+        opened[server] = (apiset, t)
+
+    def end(self, kind: str, server: str, t: float):
+        opened, closed = ((self._open_service, self.service) if kind == "service"
+                          else (self._open_running, self.running))
+        apiset, since = opened.pop(server)
+        closed.append((server, apiset, since, t))
+
+    def intervals(self, kind: str) -> list[tuple[str, str, float, float]]:
+        opened, closed = ((self._open_service, self.service) if kind == "service"
+                          else (self._open_running, self.running))
+        return closed + [(s, a, t, math.inf) for s, (a, t) in opened.items()]
+
+
+def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return [(a, b) for a, b in merged]
+
+
+def _covers(merged: list[tuple[float, float]], t0: float, t1: float) -> bool:
+    return any(a <= t0 and t1 <= b for a, b in merged)
+
+
+class Classifier:
+    def __init__(self, timeline: Timeline, apisets: dict):
+        """apisets: name ("old"/"new") → fake ApiSet."""
+        self.gvrs = {g["id"]: g for g in gvr_defs.table()}
+        self.service: dict[int, list] = {}
+        self.running: dict[int, list] = {}
+        for gid, g in self.gvrs.items():
+            for kind, target in (("service", self.service), ("running", self.running)):
+                target[gid] = _merge([(t0, t1) for _, a, t0, t1 in timeline.intervals(kind)
+                                      if gvr_defs.served_by(apisets[a], g)])
+
+    def outcome(self, rec: list) -> str:
+        t0, t1, op, gid, status, retry_after, _served, nf, is_status, err = rec
+        if status == 0:
+            return "no response: timeout" if err == "timeout" else "no response: connection error"
+        if 200 <= status < 300:
+            return "2xx"
+        if status == 404:
+            if nf == "object":
+                return "404 object not found"
+            if _covers(self.service[gid], t0, t1):
+                return "FALSE 404"
+            if _covers(self.running[gid], t0, t1):
+                return "404 while a server was starting"
+            return "404 genuine"
+        if status == 503:
+            if retry_after and is_status:
+                return "503 Status with Retry-After"
+            return "503 with Retry-After (not a Status)" if retry_after else "503 without Retry-After"
+        if status >= 500:
+            return f"other 5xx ({status})"
+        return f"other 4xx ({status})"
+
+
+OUTCOME_ORDER = ["2xx", "FALSE 404", "404 while a server was starting", "404 genuine", "404 object not found",
+                 "503 Status with Retry-After", "503 with Retry-After (not a Status)", "503 without Retry-After"]
+
+
+def summarize(result: dict, timeline: Timeline, apisets: dict, store_missing: list[str]) -> dict:
+    """Counts for the table from the load generator's result and the timeline."""
+    clf = Classifier(timeline, apisets)
+    gmap = clf.gvrs
+    outcomes: Counter = Counter()
+    false_by_class: Counter = Counter()
+    false_examples: list = []
+    starting_by_class: Counter = Counter()
+    watch_outcomes: Counter = Counter()
+    requests = [r for r in result["records"] if r[2] != "watch"]
+    latencies = sorted(r[1] - r[0] for r in requests)
+    for r in result["records"]:
+        o = clf.outcome(r)
+        if r[2] == "watch":
+            watch_outcomes[o] += 1
+        else:
+            outcomes[o] += 1
+        if o == "FALSE 404":
+            if len(false_examples) < 10:
+                false_examples.append((r, gmap[r[3]]["collection"]))
+        if r[2] == "watch":
+            continue
+        if o == "FALSE 404":
+            false_by_class[gmap[r[3]]["cls"]] += 1
+        elif o == "404 while a server was starting":
+            starting_by_class[gmap[r[3]]["cls"]] += 1
+    duration = result["stop"] - result["start"]
+    in_window = [r for r in requests if r[1] <= result["stop"]]
+    lost = list(result["lost"]) + [[name, None, "store", None] for name in store_missing]
+    return {
+        "duration": duration,
+        "requests": len(requests),
+        "rate": len(in_window) / duration if duration > 0 else 0.0,
+        "outcomes": outcomes,
+        "watch_outcomes": watch_outcomes,
+        "false_by_class": false_by_class,
+        "starting_by_class": starting_by_class,
+        "false_examples": false_examples,
+        "false_404": outcomes["FALSE 404"] + watch_outcomes["FALSE 404"],
+        "lost_writes": len(lost),
+        "lost": lost,
+        "created": len(result["created"]),
+        "deleted": len(result["deleted"]),
+        "p50": latencies[len(latencies) // 2] if latencies else 0.0,
+        "p99": latencies[int(len(latencies) * 0.99)] if latencies else 0.0,
+        "max": latencies[-1] if latencies else 0.0,
+        "watch": result["watch"],
+        "hung_threads": result["hung_threads"],
+        "workers": result["workers"],
+    }
+
+
+def _row_keys(summaries: dict) -> list[str]:
+    seen = set()
+    for s in summaries.values():
+        seen |= set(s["outcomes"]) | set(s["watch_outcomes"])
+    rest = sorted(k for k in seen if k not in OUTCOME_ORDER)
+    return [k for k in OUTCOME_ORDER if k in seen or k in ("FALSE 404",)] + rest
+
+
+def table(summaries: dict) -> str:
+    """The comparison table, one column per mode."""
+    modes = list(summaries)
+    rows: list[tuple[str, list[str]]] = []
+
+    def add(label, fn):
+        rows.append((label, [fn(summaries[m]) for m in modes]))
+
+    add("duration (s)", lambda s: f"{s['duration']:.1f}")
+    add("clients (workers + watchers)", lambda s: f"{s['workers']} + {len(s['watch'])}")
+    add("requests (get/list/create/delete)", lambda s: str(s["requests"]))
+    add("achieved req/s", lambda s: f"{s['rate']:.1f}")
+    add("latency p50 / p99 / max (ms)",
+        lambda s: f"{s['p50'] * 1000:.1f} / {s['p99'] * 1000:.1f} / {s['max'] * 1000:.0f}")
+    rows.append(("responses:", ["" for _ in modes]))
+    for key in _row_keys(summaries):
+        add(f"  {key}", lambda s, k=key: str(s["outcomes"][k]))
+        if key == "FALSE 404":
+            for cls in gvr_defs.CLASSES:
+                add(f"    false 404, {cls}", lambda s, c=cls: str(s["false_by_class"][c]))
+        if key == "404 while a server was starting":
+            for cls in gvr_defs.CLASSES:
+                add(f"    while starting, {cls}", lambda s, c=cls: str(s["starting_by_class"][c]))
+    rows.append(("watch starts (initial response):", ["" for _ in modes]))
+    for key in _row_keys(summaries):
+        add(f"  {key}", lambda s, k=key: str(s["watch_outcomes"][k]))
+    add("watch streams / events / broken", lambda s: "{} / {} / {}".format(
+        sum(w["starts"] for w in s["watch"].values()), sum(w["events"] for w in s["watch"].values()),
+        sum(w["breaks"] for w in s["watch"].values())))
+    add("objects created / deleted", lambda s: f"{s['created']} / {s['deleted']}")
+    add("LOST WRITES", lambda s: str(s["lost_writes"]))
+    add("FALSE 404 (all, incl. watches)", lambda s: str(s["false_404"]))
+    add("hung client threads", lambda s: str(s["hung_threads"]))
+
+    width = max(len(label) for label, _ in rows) + 2
+    colw = [max(len(m), *(len(vals[i]) for _, vals in rows)) + 2 for i, m in enumerate(modes)]
+    lines = ["".ljust(width) + "".join(m.rjust(w) for m, w in zip(modes, colw))]
+    lines.append("-" * (width + sum(colw)))
+    for label, vals in rows:
+        lines.append(label.ljust(width) + "".join(v.rjust(w) for v, w in zip(vals, colw)))
+    return "\n".join(lines)
