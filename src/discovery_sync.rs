@@ -99,6 +99,9 @@ enum Doc {
     ResourceList(VersionDiscovery),
     /// `/api` answered 404 (aggregated API servers have no core group).
     Absent,
+    /// What the cache holds for an aggregated document: a 304 means "keep the server's current
+    /// data", so the (large) parsed document is not kept twice or cloned.
+    Unchanged,
 }
 
 #[derive(Debug, Default)]
@@ -107,9 +110,11 @@ struct Work {
     failed: bool,
     /// A fetch could not reach the server at all (as opposed to a bad answer).
     unreachable: bool,
-    core: Vec<GroupDiscovery>,
+    /// `None`: unchanged (304), keep the server's current core group.
+    core: Option<Vec<GroupDiscovery>>,
     core_versions: Vec<Option<VersionDiscovery>>,
-    groups: Vec<GroupDiscovery>,
+    /// `None`: unchanged (304), keep the server's current groups.
+    groups: Option<Vec<GroupDiscovery>>,
     legacy_groups: Vec<(String, Vec<Option<VersionDiscovery>>)>,
 }
 
@@ -139,6 +144,11 @@ pub struct Syncer {
     generation: u64,
     published: Option<Vec<u8>>,
     round_completed_ms: Option<u64>,
+    /// Some server's data or reachability changed since the last build.
+    dirty: bool,
+    /// Fresh servers and their reachability at the last build: with `dirty`, decides whether a
+    /// finished round needs a new snapshot at all (most rounds are all 304s).
+    last_built: Option<Vec<(String, bool)>>,
 }
 
 impl Syncer {
@@ -178,6 +188,8 @@ impl Syncer {
             generation: 0,
             published: None,
             round_completed_ms: None,
+            dirty: true,
+            last_built: None,
         }
     }
 
@@ -300,7 +312,7 @@ impl Syncer {
         if let Some(s) = self.servers.get_mut(si) {
             s.work.pending = s.work.pending.saturating_sub(1);
             if s.work.pending == 0 {
-                finish_server(s, now_ms);
+                self.dirty |= finish_server(s, now_ms);
             }
         }
         if self.in_flight.is_empty() && self.round_deadline_ms.is_some() {
@@ -339,7 +351,11 @@ impl Syncer {
                 let doc = parse_doc(path, &content_type, &body).map_err(|e| ("decode", e))?;
                 match etag {
                     Some(t) if !t.is_empty() => {
-                        server.cache.insert(path.to_string(), (t, doc.clone()));
+                        let cached = match &doc {
+                            Doc::Aggregated(_) => Doc::Unchanged,
+                            other => other.clone(),
+                        };
+                        server.cache.insert(path.to_string(), (t, cached));
                     }
                     _ => {
                         server.cache.remove(path);
@@ -359,15 +375,16 @@ impl Syncer {
         let Some(s) = self.servers.get_mut(si) else { return };
         let w = &mut s.work;
         match (purpose, doc) {
-            (Purpose::ApiRoot, Doc::Aggregated(items)) => w.core = items,
-            (Purpose::ApiRoot, Doc::Absent) => w.core.clear(),
+            (Purpose::ApiRoot, Doc::Aggregated(items)) => w.core = Some(items),
+            (Purpose::ApiRoot, Doc::Absent) => w.core = Some(Vec::new()),
+            (Purpose::ApiRoot | Purpose::ApisRoot, Doc::Unchanged) => {}
             (Purpose::ApiRoot, Doc::ApiVersions(versions)) => {
                 w.core_versions = vec![None; versions.len()];
                 for (i, v) in versions.iter().enumerate() {
                     follow.push((format!("/api/{v}"), Purpose::CoreVersion(i)));
                 }
             }
-            (Purpose::ApisRoot, Doc::Aggregated(items)) => w.groups = items,
+            (Purpose::ApisRoot, Doc::Aggregated(items)) => w.groups = Some(items),
             (Purpose::ApisRoot, Doc::GroupList(groups)) => {
                 w.legacy_groups = groups.iter().map(|(g, vs)| (g.clone(), vec![None; vs.len()])).collect();
                 for (gi, (g, vs)) in groups.iter().enumerate() {
@@ -403,12 +420,25 @@ impl Syncer {
 
     /// Builds the snapshot of fresh servers; returns it only when it differs from the last one.
     fn build(&mut self, now_ms: u64) -> Option<Publish> {
-        let fresh: Vec<(ServerRef, &ServerDiscovery)> = ordered(&self.servers)
+        let fresh_servers: Vec<&Server> = ordered(&self.servers)
             .into_iter()
+            .filter(|s| s.data.is_some())
             .filter(|s| {
                 s.last_success_ms
                     .is_some_and(|t| now_ms.saturating_sub(t) <= self.staleness_ms)
             })
+            .collect();
+        let inputs: Vec<(String, bool)> = fresh_servers
+            .iter()
+            .map(|s| (s.reference.name.clone(), s.reachable))
+            .collect();
+        if !self.dirty && self.last_built.as_ref() == Some(&inputs) {
+            return None;
+        }
+        self.dirty = false;
+        self.last_built = Some(inputs);
+        let fresh: Vec<(ServerRef, &ServerDiscovery)> = fresh_servers
+            .iter()
             .filter_map(|s| s.data.as_ref().map(|d| (s.reference.clone(), d)))
             .collect();
         let apis: Vec<&[GroupDiscovery]> = fresh.iter().map(|(_, d)| d.groups.as_slice()).collect();
@@ -418,9 +448,8 @@ impl Syncer {
         let merged_apis_legacy = discovery::to_legacy_group_list_json(&merged_groups);
         let merged_api = discovery::to_v2_json(&merge::merge_groups(&api));
         let mut table = Table::build(&fresh);
-        for (i, (r, _)) in fresh.iter().enumerate().take(snapshot::MAX_SERVERS) {
-            let reachable = self.servers.iter().any(|s| s.reference.name == r.name && s.reachable);
-            if !reachable {
+        for (i, s) in fresh_servers.iter().enumerate().take(snapshot::MAX_SERVERS) {
+            if !s.reachable {
                 table.unhealthy |= 1u64 << i;
             }
         }
@@ -456,32 +485,47 @@ fn ordered(servers: &[Server]) -> Vec<&Server> {
     v
 }
 
-fn finish_server(s: &mut Server, now_ms: u64) {
+/// Ends a server's part of a round. Returns whether what the snapshot is built from changed.
+fn finish_server(s: &mut Server, now_ms: u64) -> bool {
     let w = std::mem::take(&mut s.work);
+    let reachability_changed = s.reachable == w.unreachable;
     s.reachable = !w.unreachable;
     if w.failed {
-        return;
+        return reachability_changed;
     }
     let mut core = w.core;
     if !w.core_versions.is_empty() {
-        core = vec![GroupDiscovery {
+        core = Some(vec![GroupDiscovery {
             metadata: GroupMeta::default(),
             versions: w.core_versions.into_iter().flatten().collect(),
-        }];
+        }]);
     }
     let mut groups = w.groups;
     if !w.legacy_groups.is_empty() {
-        groups = w
-            .legacy_groups
-            .into_iter()
-            .map(|(name, versions)| GroupDiscovery {
-                metadata: GroupMeta { name },
-                versions: versions.into_iter().flatten().collect(),
-            })
-            .collect();
+        groups = Some(
+            w.legacy_groups
+                .into_iter()
+                .map(|(name, versions)| GroupDiscovery {
+                    metadata: GroupMeta { name },
+                    versions: versions.into_iter().flatten().collect(),
+                })
+                .collect(),
+        );
     }
+    let changed = core.is_some() || groups.is_some();
+    let (core, groups) = match (core, groups, s.data.take()) {
+        (core, groups, Some(old)) => (core.unwrap_or(old.core), groups.unwrap_or(old.groups)),
+        (Some(core), Some(groups), None) => (core, groups),
+        // A 304 for a document we no longer hold (an earlier round failed half-way): forget the
+        // ETags so the next round fetches everything again.
+        _ => {
+            s.cache.clear();
+            return reachability_changed;
+        }
+    };
     s.data = Some(ServerDiscovery { core, groups });
     s.last_success_ms = Some(now_ms);
+    changed || reachability_changed
 }
 
 fn parse_doc(path: &str, content_type: &str, body: &[u8]) -> Result<Doc, String> {

@@ -155,6 +155,25 @@ impl Table {
     }
 }
 
+/// A merged document as stored in shared data: `<generation>\n<document>`, so a reader can tell
+/// that it belongs to the table it decoded without hashing megabytes.
+pub fn tag(generation: u64, document: &[u8]) -> Vec<u8> {
+    let mut out = format!("{generation}\n").into_bytes();
+    out.extend_from_slice(document);
+    out
+}
+
+/// The document of a [`tag`]ged value if it belongs to `generation`.
+pub fn untag(generation: u64, mut value: Vec<u8>) -> Option<Vec<u8>> {
+    let newline = value.iter().position(|b| *b == b'\n')?;
+    let prefix = std::str::from_utf8(value.get(..newline)?).ok()?;
+    if prefix.parse::<u64>().ok()? != generation {
+        return None;
+    }
+    value.drain(..=newline);
+    Some(value)
+}
+
 /// 128-bit FNV-1a as a quoted upper-case hex ETag; the wasm has no crypto crate and the ETag only
 /// needs to change when the document does.
 pub fn etag(body: &[u8]) -> String {

@@ -290,3 +290,17 @@ fn unhealthy_mask_roundtrips_and_defaults_to_zero() {
     assert_eq!(old.unhealthy, 0);
     assert_eq!(old.keys, table.keys);
 }
+
+#[test]
+fn tagged_documents_are_only_accepted_for_their_generation() {
+    use kube_peer_proxy::snapshot::{tag, untag};
+    let doc = br#"{"kind":"APIGroupDiscoveryList","items":[]}"#;
+    let stored = tag(42, doc);
+    assert_eq!(untag(42, stored.clone()).as_deref(), Some(&doc[..]));
+    // A document of another generation (the service is mid-write) is not used.
+    assert_eq!(untag(41, stored.clone()), None);
+    assert_eq!(untag(42, doc.to_vec()), None, "untagged bytes");
+    assert_eq!(untag(42, b"x42\n{}".to_vec()), None);
+    assert_eq!(untag(42, Vec::new()), None);
+    assert_eq!(untag(7, tag(7, b"")).as_deref(), Some(&b""[..]));
+}

@@ -59,33 +59,35 @@ impl Shared {
         usize::try_from(r % n.max(1) as u64).unwrap_or(0)
     }
 
-    /// The newest table; re-reads shared data only when the generation moved.
-    fn table(&self) -> Option<Rc<Table>> {
+    /// The newest table; re-reads shared data only when the generation moved. Called on the
+    /// filter's timer too, so a new snapshot is usually loaded before a request needs it.
+    pub fn table(&self) -> Option<Rc<Table>> {
         let generation = host::shared_u64(snapshot::KEY_GENERATION);
         let mut cache = self.cache.borrow_mut();
         if generation.is_none() || generation == cache.generation {
             return cache.table.clone();
         }
-        let table = host::shared(snapshot::KEY_TABLE).map(|b| Table::decode(&b));
-        let apis = host::shared(snapshot::KEY_MERGED_APIS).unwrap_or_default();
-        let api = host::shared(snapshot::KEY_MERGED_API).unwrap_or_default();
-        let legacy = host::shared(snapshot::KEY_MERGED_APIS_LEGACY).unwrap_or_default();
-        match table {
-            // The documents must belong to this table; if the service is mid-write, keep the
-            // previous snapshot and look again on the next request.
-            Some(Ok(t))
-                if snapshot::etag(&apis) == t.apis_etag
-                    && snapshot::etag(&api) == t.api_etag
-                    && snapshot::etag(&legacy) == t.apis_legacy_etag =>
-            {
-                cache.generation = Some(t.generation);
-                cache.table = Some(Rc::new(t));
-                cache.apis = Rc::new(apis);
-                cache.api = Rc::new(api);
-                cache.apis_legacy = Rc::new(legacy);
+        let table = match host::shared(snapshot::KEY_TABLE).map(|b| Table::decode(&b)) {
+            Some(Ok(t)) => t,
+            Some(Err(e)) => {
+                log::error!("kube-peer-proxy: undecodable snapshot table: {e}");
+                return cache.table.clone();
             }
-            Some(Err(e)) => log::error!("kube-peer-proxy: undecodable snapshot table: {e}"),
-            _ => {}
+            None => return cache.table.clone(),
+        };
+        let doc = |key: &str| host::shared(key).and_then(|v| snapshot::untag(table.generation, v));
+        // The documents must belong to this table; if the service is mid-write, keep the previous
+        // snapshot and look again on the next request or tick.
+        if let (Some(apis), Some(api), Some(legacy)) = (
+            doc(snapshot::KEY_MERGED_APIS),
+            doc(snapshot::KEY_MERGED_API),
+            doc(snapshot::KEY_MERGED_APIS_LEGACY),
+        ) {
+            cache.generation = Some(table.generation);
+            cache.table = Some(Rc::new(table));
+            cache.apis = Rc::new(apis);
+            cache.api = Rc::new(api);
+            cache.apis_legacy = Rc::new(legacy);
         }
         cache.table.clone()
     }

@@ -7,6 +7,7 @@ mod host;
 mod service;
 
 use std::rc::Rc;
+use std::time::Duration;
 
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, LogLevel};
@@ -19,6 +20,12 @@ proxy_wasm::main! {{
         Box::new(Root { context_id, role: Role::Unconfigured })
     });
 }}
+
+/// Timer period of both roles: a quarter of the refresh interval (50 ms to 1 s), so rounds start
+/// on time and workers pick up a new snapshot soon after it is published.
+fn tick_period(config: &Config) -> Duration {
+    (config.refresh_interval / 4).clamp(Duration::from_millis(50), Duration::from_secs(1))
+}
 
 enum Role {
     Unconfigured,
@@ -66,14 +73,22 @@ impl RootContext for Root {
             );
             self.role = Role::Service(Box::new(svc));
         } else {
+            // Each worker's filter VM loads new snapshots on its own timer, off the request path.
+            if let Err(e) = proxy_wasm::hostcalls::set_tick_period(tick_period(&config)) {
+                log::warn!("kube-peer-proxy: no filter timer ({e:?}); snapshots load on requests only");
+            }
             self.role = Role::Filter(Rc::new(filter::Shared::new(config, self.context_id)));
         }
         true
     }
 
     fn on_tick(&mut self) {
-        if let Role::Service(s) = &mut self.role {
-            s.on_tick();
+        match &mut self.role {
+            Role::Service(s) => s.on_tick(),
+            Role::Filter(shared) => {
+                let _ = shared.table();
+            }
+            Role::Unconfigured => {}
         }
     }
 

@@ -26,7 +26,7 @@ impl Service {
     pub fn new(config: Config) -> Service {
         // Tick faster than the refresh interval so the first round starts promptly and rounds
         // start on time; the syncer decides when a round is due.
-        let tick = (config.refresh_interval / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+        let tick = super::tick_period(&config);
         Service {
             syncer: Syncer::new(&config),
             tick,
@@ -134,9 +134,13 @@ impl Service {
     }
 
     fn publish(&mut self, p: &Publish) {
-        let ok = host::set_shared(snapshot::KEY_MERGED_APIS, &p.merged_apis)
-            && host::set_shared(snapshot::KEY_MERGED_API, &p.merged_api)
-            && host::set_shared(snapshot::KEY_MERGED_APIS_LEGACY, &p.merged_apis_legacy)
+        let generation = p.table.generation;
+        let ok = host::set_shared(snapshot::KEY_MERGED_APIS, &snapshot::tag(generation, &p.merged_apis))
+            && host::set_shared(snapshot::KEY_MERGED_API, &snapshot::tag(generation, &p.merged_api))
+            && host::set_shared(
+                snapshot::KEY_MERGED_APIS_LEGACY,
+                &snapshot::tag(generation, &p.merged_apis_legacy),
+            )
             && host::set_shared(snapshot::KEY_TABLE, &p.table.encode())
             && host::set_shared(snapshot::KEY_GENERATION, p.table.generation.to_string().as_bytes());
         if ok {
