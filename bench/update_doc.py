@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Writes the generated sections of docs/benchmarks.md (stdlib only).
+
+    python3 bench/update_doc.py docs/benchmarks.md <core.md> <envoy.md>
+
+The document keeps its hand-written text; only the text between `<!-- generated:NAME -->` and
+`<!-- /generated:NAME -->` is replaced: `machine` (facts about this run), `envoy` and `core` (the
+reports of bench/envoy_bench.py and bench/core_bench.sh).
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def sh(*cmd: str) -> str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    except OSError:
+        return "?"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "?"
+
+
+def envoy_version() -> str:
+    found = sorted(ROOT.glob(".venv/lib/python*/site-packages/envoy/_bin/envoy"))
+    if not found:
+        return "?"
+    m = re.search(r"version: (\S+)", sh(str(found[-1]), "--version"))
+    return m.group(1) if m else "?"
+
+
+def machine() -> str:
+    commit = sh("git", "rev-parse", "--short", "HEAD")
+    dirty = " (with uncommitted changes)" if sh("git", "status", "--porcelain", "--untracked-files=no") else ""
+    mem = "?"
+    try:
+        kib = int(re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text()).group(1))
+        mem = f"{kib / 1024 / 1024:.1f} GiB"
+    except (OSError, AttributeError):
+        pass
+    rows = [
+        ("date", datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")),
+        ("commit", f"`{commit}`{dirty}"),
+        ("`nproc`", sh("nproc")),
+        ("CPU", cpu_model()),
+        ("memory", mem),
+        ("`uname -r`", sh("uname", "-r")),
+        ("load average when the doc was written (1/5/15 min)",
+         " / ".join(Path("/proc/loadavg").read_text().split()[:3])),
+        ("Envoy", f"`{envoy_version()}`"),
+        ("rustc", f"`{sh('rustc', '--version')}`"),
+        ("valgrind", f"`{sh('valgrind', '--version')}`"),
+        ("wrk", f"`{(sh('wrk', '-v') or '?').splitlines()[0].split(' Copyright')[0]}`"),
+    ]
+    out = ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
+    out += ["", "Commands (all run by `make bench`):", "", "```",
+            "make build",
+            "bash bench/core_bench.sh > target/bench/core.md",
+            ".venv/bin/python bench/envoy_bench.py --out target/bench/envoy.md",
+            ".venv/bin/python bench/update_doc.py docs/benchmarks.md target/bench/core.md target/bench/envoy.md",
+            "```"]
+    return "\n".join(out) + "\n"
+
+
+def replace(doc: str, name: str, body: str) -> str:
+    pattern = re.compile(rf"(<!-- generated:{name} -->\n).*?(<!-- /generated:{name} -->)", re.S)
+    if not pattern.search(doc):
+        raise SystemExit(f"update_doc: no <!-- generated:{name} --> section in the document")
+    return pattern.sub(lambda m: m.group(1) + body.rstrip("\n") + "\n" + m.group(2), doc)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print(__doc__, file=sys.stderr)
+        return 2
+    doc_path, core, envoy = (Path(a) for a in argv)
+    doc = doc_path.read_text()
+    doc = replace(doc, "machine", machine())
+    doc = replace(doc, "envoy", envoy.read_text())
+    doc = replace(doc, "core", core.read_text())
+    doc_path.write_text(doc)
+    print(f"update_doc: wrote {doc_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
