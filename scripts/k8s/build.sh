@@ -11,13 +11,15 @@
 #
 #   scripts/k8s/build.sh                      # etcd + kube-apiserver v1.36.3 (what `make e2e-k8s` needs)
 #   scripts/k8s/build.sh kube-apiserver v1.35.4
-#   scripts/k8s/build.sh etcd v3.6.16
+#   scripts/k8s/build.sh etcd v3.6.8
 #   scripts/k8s/build.sh --path kube-apiserver v1.36.3   # print the cached path (exit 1 if absent)
 set -euo pipefail
 
 CACHE="${KPP_K8S_CACHE:-$HOME/.cache/kube-peer-proxy}"
 DEFAULT_K8S="v1.36.3"
-DEFAULT_ETCD="v3.6.8"   # the etcd that k8s.io/kubernetes v1.36.3 itself requires (shared module cache)
+# The etcd that k8s.io/kubernetes v1.36.3 itself requires (shares its module cache). Debian's etcd-server
+# 3.4.23 was tried: watches without a resourceVersion fail on kube-apiserver v1.36.3 (see README.md here).
+DEFAULT_ETCD="v3.6.8"
 log() { echo "k8s-build: $*" >&2; }
 
 path_of() {  # component version

@@ -60,7 +60,9 @@ _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def _die_with_parent() -> None:
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    # SIGKILL, not SIGTERM: this only fires when the owner died without stop(), and then etcd goes at
+    # the same moment, which leaves a SIGTERMed kube-apiserver waiting in its graceful shutdown.
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def free_port() -> int:
@@ -71,6 +73,8 @@ def free_port() -> int:
 
 def binary(component: str, version: str) -> Path:
     """Cached binary; a clear error naming the build command if it is missing."""
+    if component == "etcd" and os.environ.get("KPP_ETCD_BINARY"):
+        return Path(os.environ["KPP_ETCD_BINARY"])  # e.g. Debian's /usr/bin/etcd (3.4), for comparison
     sub = {"kube-apiserver": "k8s", "etcd": "etcd"}[component]
     path = CACHE / sub / version / component
     if not path.is_file():
@@ -241,6 +245,8 @@ class APIServer:
             "--audit-log-format=json",
             "--audit-log-mode=blocking",
             "--profiling=false",
+            # the kubernetes Service endpoints cannot be a loopback address; nothing here needs them
+            "--endpoint-reconciler-type=none",
             "--v=1",
         ]
         if self.runtime_config:
@@ -348,6 +354,11 @@ class WardleBackend:
                     return self._send(200, {"kind": "FlunderList", "apiVersion": gv, "metadata": {},
                                             "items": [{"kind": "Flunder", "apiVersion": gv,
                                                        "metadata": {"name": "static", "namespace": "default"}}]})
+                if path == "/openapi/v2":
+                    return self._send(200, {"swagger": "2.0", "info": {"title": "wardle", "version": "v1"},
+                                            "paths": {}})
+                if path == "/openapi/v3":
+                    return self._send(200, {"paths": {}})
                 if path in ("/healthz", "/readyz", "/livez"):
                     return self._send(200, "ok")
                 return self._send(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
@@ -453,8 +464,11 @@ class ControlPlane:
         first = next(iter(self.servers.values()))
         self.wait_established(f"widgets.{CRD_GROUP}", first)
         for s in self.servers.values():
-            wait_for(lambda s=s: self.api(s, f"/apis/{WARDLE_GROUP}/{WARDLE_VERSION}")[0] == 200, 60,
-                     f"aggregated API {WARDLE_GROUP} available on {s.name}")
+            # listable, not just discoverable: right after Established a CRD's storage may still answer
+            # 429 "storage is (re)initializing"
+            for path in (f"/apis/{WARDLE_GROUP}/{WARDLE_VERSION}/namespaces/default/flunders",
+                         f"/apis/{CRD_GROUP}/v1/namespaces/default/widgets"):
+                wait_for(lambda s=s, path=path: self.api(s, path)[0] == 200, 60, f"{path} on {s.name}")
         self.startup_seconds = time.monotonic() - t0
         return self
 
@@ -550,6 +564,8 @@ def main(argv=None):
         for s in cp.servers.values():
             print(f"  {s.name}: {s.version} {s.url} pid {s.proc.pid} runtime-config={s.runtime_config!r}")
         print(f"  admin token: {cp.admin_token}\n  CA: {cp.ca}\nCtrl-C to stop")
+        # blocked, then waited for: works even where a background shell made SIGINT ignored
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         signal.sigwait({signal.SIGINT, signal.SIGTERM})
     finally:
         cp.stop()

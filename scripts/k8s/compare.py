@@ -7,7 +7,7 @@ One control plane, v1.36.3, three servers on one etcd, the built-in MVP switched
 `b` and `c` serving everything. An Envoy with the filter sits in front of `a` (peers b and c).
 The same servers therefore serve both paths at once:
 
-    ours:     client --http--> Envoy a --(filter: reroute, x-kubernetes-peer-proxied)--tls--> b|c
+    ours:     client --https-> Envoy a --(filter: reroute, x-kubernetes-peer-proxied)--tls--> b|c
     built-in: client --https-> apiserver a --(MVP: authn+authz at a, then mTLS+X-Remote-*)--> b|c
 
 (the filter's forwarded request carries x-kubernetes-peer-proxied: true, so b's own MVP serves it
@@ -96,29 +96,33 @@ def gvrs(doc):
             for v in g.get("versions", []) for r in v.get("resources") or [] if v.get("freshness") != "Stale"}
 
 
+OURS = "kube-peer-proxy (Envoy a)"
+BUILTIN = "built-in MVP (apiserver a)"
+
+
 class Bench:
-    def __init__(self, workdir: Path, n: int):
-        self.workdir, self.n = workdir, n
+    def __init__(self, workdir: Path, n: int, mvp: bool):
+        self.workdir, self.n, self.mvp = workdir, n, mvp
         self.cp = ControlPlane(workdir, [("a", DEFAULT_VERSION, A_RUNTIME_CONFIG), ("b", DEFAULT_VERSION, ""),
-                                         ("c", DEFAULT_VERSION, "")], mvp=True, kubectl=str(harness.tool("kubectl")))
+                                         ("c", DEFAULT_VERSION, "")], mvp=mvp, kubectl=str(harness.tool("kubectl")))
         self.front = None
         self.out: list[str] = []
+        self.idle_note = ""
 
     def start(self):
         self.cp.start()
         a = self.cp.servers["a"]
         self.front = envoyfront.Front(self.cp, a, self.workdir / "front-a", log_level="warning").start()
         alice = self.cp.tokens["alice"]
-        self.paths = {
-            "kube-peer-proxy (Envoy a)": Client(self.front.url, alice),
-            "built-in MVP (apiserver a)": Client(a.url, alice, self.cp.ca),
-        }
+        self.paths = {OURS: Client(self.front.url, alice, self.cp.ca)}
+        if self.mvp:
+            self.paths[BUILTIN] = Client(a.url, alice, self.cp.ca)
         self.direct_b = Client(self.cp.servers["b"].url, alice, self.cp.ca)
         # the built-in MVP needs its peer discovery cache: wait until a reroutes jobs
         t0 = time.monotonic()
-        wait_for(lambda: self.paths["built-in MVP (apiserver a)"].req(JOBS)[0] == 200, 120,
-                 "built-in MVP rerouting batch/v1 jobs")
-        self.mvp_ready_s = time.monotonic() - t0
+        for label, c in self.paths.items():
+            wait_for(lambda c=c: c.req(JOBS)[0] == 200, 120, f"{label} rerouting batch/v1 jobs")
+        self.ready_s = time.monotonic() - t0
 
     def stop(self):
         if self.front:
@@ -137,7 +141,7 @@ class Bench:
         return ",".join(sorted(hits()))
 
     # ---- (a) correctness ----
-    def correctness(self):
+    def correctness(self, suffix: str = "") -> list:
         rows = []
         kubectl = self.cp.kubectl
         for label, c in self.paths.items():
@@ -163,16 +167,13 @@ class Bench:
             r = subprocess.run([kubectl, f"--kubeconfig={kc}", "api-resources", "--api-group=batch", "-o", "name"],
                                capture_output=True, text=True, timeout=60)
             res["kubectl api-resources shows jobs.batch"] = "jobs.batch" in r.stdout.split()
+            r = subprocess.run([kubectl, f"--kubeconfig={kc}", "create", "-f", "-"], capture_output=True, text=True,
+                               timeout=60, input=json.dumps(job(f"j-k-{uuid.uuid4().hex[:6]}")))
+            res["kubectl create -f job.json (client-side validation on)"] = r.returncode == 0 or r.stderr.strip()[:80]
             res["watch through the reroute delivers events"] = self.watch_ok(c)
             res["new CRD: seconds until listed in /apis via a"] = self.crd_seconds(c)
-            rows.append((label, res))
-        keys = list(rows[0][1])
-        self.out.append("### (a) Correctness\n")
-        self.out.append("| scenario | " + " | ".join(l for l, _ in rows) + " |")
-        self.out.append("|---|" + "---|" * len(rows))
-        for k in keys:
-            self.out.append(f"| {k} | " + " | ".join(fmt(r[k]) for _, r in rows) + " |")
-        self.out.append(f"\n(built-in MVP needed {self.mvp_ready_s:.1f}s after /readyz before it rerouted.)\n")
+            rows.append((label + suffix, res))
+        return rows
 
     def watch_ok(self, c: Client) -> bool:
         w = Client(c.base, c.token, c.ca)
@@ -224,6 +225,13 @@ class Bench:
         d["envoy a"] = sum(cpu_seconds(p) for p in self.front.pids())
         return d
 
+    def idle_rates(self, seconds: float = 5.0) -> dict[str, float]:
+        """CPU seconds per second of every process while nothing is sent (leases, controllers)."""
+        b = self.cpu()
+        time.sleep(seconds)
+        a = self.cpu()
+        return {k: (a[k] - b[k]) / seconds for k in a}
+
     def latency(self):
         for i in range(50):
             self.direct_b.req(JOBS, "POST", job(f"bench-{i:03d}"))
@@ -246,6 +254,9 @@ class Bench:
                         "| Envoy CPU ms/req | total CPU ms/req |")
         self.out.append("|---|---|---|---|---|---|---|---|---|")
         results = {}
+        idle = self.idle_rates()
+        self.idle_note = ("Idle CPU subtracted (measured for 5 s before the runs, in CPU ms per second): "
+                          + ", ".join(f"{k} {v * 1000:.0f}" for k, v in idle.items()) + ".")
         for case, path in cases:
             for label, c in clients.items():
                 if "local" in case and "baseline" in label:
@@ -255,6 +266,7 @@ class Bench:
                 for _ in range(100):
                     c.req(path)
                 before = self.cpu()
+                t_start = time.monotonic()
                 lat = []
                 for _ in range(self.n):
                     t = time.perf_counter()
@@ -262,7 +274,8 @@ class Bench:
                     lat.append((time.perf_counter() - t) * 1000)
                     assert st == 200, (label, path, st)
                 after = self.cpu()
-                d = {k: (after[k] - before[k]) * 1000 / self.n for k in after}
+                elapsed = time.monotonic() - t_start
+                d = {k: max(0.0, after[k] - before[k] - idle[k] * elapsed) * 1000 / self.n for k in after}
                 lat.sort()
                 p50, p99 = lat[len(lat) // 2], lat[max(0, int(len(lat) * 0.99) - 1)]
                 bc = d["apiserver b"] + d["apiserver c"]
@@ -276,16 +289,20 @@ class Bench:
         return results
 
     # ---- (c) the serving peer stops ----
-    def failover(self, seconds: float):
-        self.out.append("### (c) The serving peer stops\n")
-        for step, victims in (("b stopped (SIGKILL), c still serves batch/v1", ["b"]),
-                              ("c stopped too (SIGKILL): nobody serves batch/v1", ["c"])):
-            timeline = {label: [] for label in self.paths}
-            for v in victims:
-                self.cp.servers[v].stop(signal.SIGKILL)
+    def failover(self, seconds: float, only: str, suffix: str = "") -> dict:
+        tables = {}
+        steps = (("b stopped gracefully (SIGTERM), c still serves batch/v1", "b", signal.SIGTERM, seconds, True),
+                 ("b stopped hard (SIGKILL), c still serves batch/v1", "b", signal.SIGKILL, seconds, False),
+                 ("c stopped too (SIGKILL): nobody serves batch/v1", "c", signal.SIGKILL, seconds * 1.5, False))
+        for step, victim, sig, secs, restart in steps:
+            timeline = {label: [] for label in self.paths if label == only}
+            server = self.cp.servers[victim]
+            os.killpg(server.proc.pid, sig)  # not stop(): requests go on while it shuts down
             t0 = time.monotonic()
-            while time.monotonic() - t0 < seconds:
+            while time.monotonic() - t0 < secs:
                 for label, c in self.paths.items():
+                    if label != only:
+                        continue
                     t = time.perf_counter()
                     try:
                         st, _, body = c.req(JOBS + "?limit=1")
@@ -293,10 +310,12 @@ class Bench:
                         st, body = 0, str(e).encode()
                     timeline[label].append((time.monotonic() - t0, st, (time.perf_counter() - t) * 1000, body[:160]))
                 time.sleep(0.1)
-            self.out.append(f"**{step}** — {seconds:.0f} s of `GET {JOBS}?limit=1` every ~100 ms per path\n")
-            self.out.append("| path | requests | 200 | non-200 (codes) | last non-200 at s | first 200 after the last failure at s "
-                            "| slowest ms | example failure |")
-            self.out.append("|---|---|---|---|---|---|---|---|")
+            server.stop(signal.SIGKILL)  # reap (already gone, or still draining after secs)
+            if restart:
+                server.start()
+                server.wait_ready(self.cp.admin_token, self.cp.ca)
+                time.sleep(15)  # both proxies see b again (the filter: next discovery round; MVP: its lease)
+            rows = tables.setdefault(step, [])
             for label, tl in timeline.items():
                 ok = [x for x in tl if x[1] == 200]
                 bad = [x for x in tl if x[1] != 200]
@@ -306,10 +325,28 @@ class Bench:
                 last_bad = f"{bad[-1][0]:.1f}" if bad else "-"
                 after = [x for x in ok if not bad or x[0] > bad[-1][0]]
                 first_ok = f"{after[0][0]:.1f}" if after and bad else ("-" if bad else "0")
-                ex = bad[-1][3].decode("utf-8", "replace").replace("|", "/").replace("\n", " ") if bad else ""
-                self.out.append(f"| {label} | {len(tl)} | {len(ok)} | {len(bad)} {codes or ''} | {last_bad} | "
-                                f"{first_ok} | {max(x[2] for x in tl):.0f} | {ex[:120]} |")
-            self.out.append("")
+                def body(x):
+                    return x[3].decode("utf-8", "replace").replace("|", "/").replace("\n", " ")[:110]
+                ex = (body(bad[0]) + (" *… last:* " + body(bad[-1]) if body(bad[-1]) != body(bad[0]) else "")
+                      if bad else "")
+                rows.append(f"| {label}{suffix} | {len(tl)} | {len(ok)} | {len(bad)} {codes or ''} | {runs(tl)} | "
+                            f"{last_bad} | {first_ok} | {max(x[2] for x in tl):.0f} | {ex} |")
+        return tables
+
+
+def runs(tl) -> str:
+    """Run-length view of the status codes: `503 0.0–9.4, 404 9.5–15.0`."""
+    out = []
+    for t, st, _, _ in tl:
+        if out and out[-1][0] == st:
+            out[-1][2] = t
+        else:
+            out.append([st, t, t])
+    parts = [f"{st} {a:.1f}–{b:.1f}" for st, a, b in out]
+    if len(parts) > 6:
+        flips = len(parts) - 4
+        parts = parts[:2] + [f"… {flips} more alternations …"] + parts[-2:]
+    return ", ".join(parts)
 
 
 def fmt(v):
@@ -320,30 +357,56 @@ def fmt(v):
     return str(v)
 
 
+def correctness_table(rows) -> list[str]:
+    out = ["### (a) Correctness\n", "| scenario | " + " | ".join(l for l, _ in rows) + " |",
+           "|---|" + "---|" * len(rows)]
+    for k in rows[0][1]:
+        out.append(f"| {k} | " + " | ".join(fmt(r.get(k, "-")) for _, r in rows) + " |")
+    return out + [""]
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--requests", type=int, default=1000)
     p.add_argument("--failover-seconds", type=float, default=40)
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
-    workdir = Path(tempfile.mkdtemp(prefix="kpp-compare-"))
-    b = Bench(workdir, a.requests)
     t0 = time.monotonic()
+    head = [f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {os.cpu_count()} cores; "
+            f"kube-apiserver {DEFAULT_VERSION} ×3 (a without {A_RUNTIME_CONFIG}; b, c full), one etcd, "
+            "Envoy 1.40 (func-e) in front of a.\n"]
+    # Run 1: the built-in MVP switched on. Both paths share these servers: the filter's forwarded
+    # requests carry x-kubernetes-peer-proxied, so b/c serve them without a second hop.
+    on = Bench(Path(tempfile.mkdtemp(prefix="kpp-compare-mvp-on-")), a.requests, mvp=True)
     try:
-        b.start()
-        b.out.append(f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {os.cpu_count()} cores; "
-                     f"kube-apiserver {DEFAULT_VERSION} ×3, etcd, Envoy (func-e), workdir {workdir}.\n")
-        b.correctness()
-        b.latency()
-        b.failover(a.failover_seconds)
+        on.start()
+        rows = on.correctness(" — MVP-on servers")
+        on.latency()
+        fo_builtin = on.failover(a.failover_seconds, BUILTIN)
     finally:
-        b.stop()
-    text = "\n".join(b.out) + "\n"
-    out = Path(a.out) if a.out else CACHE / "compare" / f"results-{time.strftime('%Y%m%d-%H%M%S')}.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+        on.stop()
+    # Run 2: same servers with the MVP off (as tests/k8s runs them), for the filter alone: with the MVP
+    # on, whatever the filter routes to a locally would be proxied again by a's MVP.
+    off = Bench(Path(tempfile.mkdtemp(prefix="kpp-compare-mvp-off-")), a.requests, mvp=False)
+    try:
+        off.start()
+        rows = off.correctness(" — MVP-off servers") + rows
+        fo_ours = off.failover(a.failover_seconds, OURS)
+    finally:
+        off.stop()
+    out = head + correctness_table(rows) + on.out + [on.idle_note, "", "### (c) The serving peer stops\n"]
+    for step in fo_builtin:
+        out += [f"**{step}** — `GET {JOBS}?limit=1` every ~100 ms from the moment of the kill\n",
+                "| path | requests | 200 | non-200 (codes) | status over time (s since the kill) | last non-200 at s "
+                "| first 200 after the last failure at s | slowest ms | failure body (first; last if different) |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        out += fo_ours.get(step, []) + fo_builtin[step] + [""]
+    text = "\n".join(out) + "\n"
+    path = Path(a.out) if a.out else CACHE / "compare" / f"results-{time.strftime('%Y%m%d-%H%M%S')}.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
     print(text)
-    print(f"written to {out} ({time.monotonic() - t0:.0f} s)")
+    print(f"written to {path} ({time.monotonic() - t0:.0f} s)")
 
 
 if __name__ == "__main__":

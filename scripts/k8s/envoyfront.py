@@ -7,6 +7,9 @@ additions are made here, on the rendered JSON, without changing the renderer:
 * upstream TLS *verification*: render.py only sets the SNI, so Envoy would accept any certificate;
   we add the cluster CA and require the SAN `kubernetes.default.svc` (what the built-in MVP checks
   too);
+* downstream TLS with the apiserver's own serving certificate (SAN 127.0.0.1): kubectl/client-go
+  v1.36 does not send a bearer token over plain http (the request arrives as system:anonymous), so
+  a client-facing Envoy must speak https, as the apiserver it stands in for does;
 * an access log (JSON lines) with the upstream cluster and the request headers *after* the filter
   ran, which is how a test sees that a rerouted request carried `x-kubernetes-peer-proxied: true`.
 
@@ -55,7 +58,14 @@ def bootstrap(cp: ControlPlane, local: APIServer, peers: list[APIServer], listen
         tls["common_tls_context"] = {"validation_context": {
             "trusted_ca": {"filename": str(cp.ca)},
             "match_typed_subject_alt_names": [{"san_type": "DNS", "matcher": {"exact": SNI}}]}}
-    hcm = b["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    chain = b["static_resources"]["listeners"][0]["filter_chains"][0]
+    chain["transport_socket"] = {"name": "envoy.transport_sockets.tls", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+        "common_tls_context": {
+            "tls_certificates": [{"certificate_chain": {"filename": str(cp.certs / "apiserver.crt")},
+                                  "private_key": {"filename": str(cp.certs / "apiserver.key")}}],
+            "alpn_protocols": ["h2", "http/1.1"]}}}
+    hcm = chain["filters"][0]["typed_config"]
     hcm["access_log"] = [{"name": "envoy.access_loggers.file", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
         "path": str(access_log),
@@ -79,7 +89,7 @@ class Front:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"https://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 60.0) -> "Front":
         self.envoy.start()
@@ -88,7 +98,8 @@ class Front:
         req = urllib.request.Request(self.url + "/apis", headers={
             "Accept": "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
             "Authorization": f"Bearer {self.cp.admin_token}"})
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                             urllib.request.HTTPSHandler(context=self.cp.ssl_context()))
 
         def snap():
             try:

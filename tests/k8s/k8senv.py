@@ -1,0 +1,143 @@
+"""Helpers of the real-control-plane tests: an Env (control plane + one Envoy front per server),
+a small HTTP(S) client, discovery helpers. Kept out of conftest.py so that `from k8senv import ...`
+never picks up tests/e2e/conftest.py when both directories run in one session."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+for _p in (ROOT / "tests" / "e2e", ROOT / "tests", ROOT / "envoy", ROOT / "scripts" / "k8s"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+import harness  # noqa: E402
+from cluster import A_RUNTIME_CONFIG, DEFAULT_VERSION, ControlPlane  # noqa: E402
+from envoyfront import Front  # noqa: E402
+
+V2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+NOPEER = V2 + ";profile=nopeer"
+
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class Resp:
+    def __init__(self, status, headers, body):
+        self.status, self.headers, self.body = status, headers, body
+
+    def json(self):
+        return json.loads(self.body)
+
+    def __repr__(self):
+        return f"<{self.status} {self.body[:300]!r}>"
+
+
+def http(base: str, path: str, method: str = "GET", body=None, token: str | None = None,
+         headers: dict | None = None, ca: Path | None = None, timeout: float = 20.0) -> Resp:
+    """Plain HTTP(S) client; the bearer token is the caller's, never anything the proxy adds."""
+    h = dict(headers or {})
+    if token:
+        h["Authorization"] = f"Bearer {token}"
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        h.setdefault("Content-Type", "application/json")
+    req = urllib.request.Request(base + path, method=method, data=data, headers=h)
+    kw = {"timeout": timeout}
+    if base.startswith("https://"):
+        kw["context"] = ssl.create_default_context(cafile=str(ca))
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                             urllib.request.HTTPSHandler(context=kw.pop("context")))
+    else:
+        opener = _OPENER
+    try:
+        with opener.open(req, **kw) as r:
+            return Resp(r.status, {k.lower(): v for k, v in r.headers.items()}, r.read())
+    except urllib.error.HTTPError as e:
+        return Resp(e.code, {k.lower(): v for k, v in e.headers.items()}, e.read())
+
+
+def gvrs(doc: dict) -> set[tuple[str, str, str]]:
+    """(group, version, resource) of an aggregated discovery document (Stale entries excluded)."""
+    return {(g["metadata"].get("name", ""), v["version"], r["resource"])
+            for g in doc.get("items", []) for v in g.get("versions", []) for r in v.get("resources") or []
+            if v.get("freshness") != "Stale"}
+
+
+def discovery(base: str, token: str, accept: str = NOPEER, ca: Path | None = None) -> set:
+    """All GVRs of /api + /apis at base (https needs the cluster CA)."""
+    out = set()
+    for root in ("/api", "/apis"):
+        r = http(base, root, token=token, headers={"Accept": accept}, ca=ca)
+        assert r.status == 200, (base, root, r)
+        out |= gvrs(r.json())
+    return out
+
+
+class Env:
+    """What a test module gets: the control plane and one Envoy front per server."""
+
+    def __init__(self, cp: ControlPlane, fronts: dict[str, Front]):
+        self.cp, self.fronts = cp, fronts
+        self.tokens = cp.tokens
+
+    def server(self, name):
+        return self.cp.servers[name]
+
+    def direct(self, name: str, path: str, **kw) -> Resp:
+        kw.setdefault("token", self.tokens["kpp-admin"])
+        return http(self.cp.servers[name].url, path, ca=self.cp.ca, **kw)
+
+    def via(self, name: str, path: str, **kw) -> Resp:
+        kw.setdefault("token", self.tokens["alice"])
+        return http(self.fronts[name].url, path, ca=self.cp.ca, **kw)
+
+    def kubeconfig(self, name: str, token_user: str = "alice", direct: bool = False) -> Path:
+        url = self.cp.servers[name].url if direct else self.fronts[name].url
+        d = self.cp.workdir / "kubeconfigs"
+        d.mkdir(exist_ok=True)
+        return self.cp.kubeconfig(url, self.tokens[token_user],
+                                  d / f"{name}-{token_user}-{'direct' if direct else 'envoy'}.json")
+
+    def kubectl(self, kubeconfig: Path, *args, check=True, timeout=60, input=None):
+        return self.cp.kubectl_run(kubeconfig, *args, check=check, timeout=timeout, input=input)
+
+    def dump(self) -> str:
+        out = []
+        for s in self.cp.servers.values():
+            out.append(f"===== kube-apiserver {s.name} ({s.proc.log_path if s.proc else '-'}) =====")
+            out.append(s.proc.log_tail(40) if s.proc else "")
+        for name, f in self.fronts.items():
+            out.append(f"===== envoy {name} ({f.envoy.log_path}) =====")
+            out.append(f.envoy.log_tail(30))
+        return "\n".join(out)
+
+
+def start_env(workdir: Path, servers: list[tuple[str, str, str]], mvp: bool = False) -> Env:
+    cp = ControlPlane(workdir, servers, mvp=mvp, kubectl=str(harness.tool("kubectl")))
+    fronts: dict[str, Front] = {}
+    try:
+        cp.start()
+        for name, s in cp.servers.items():
+            fronts[name] = Front(cp, s, workdir / f"front-{name}")
+            fronts[name].start()
+    except BaseException:
+        print(Env(cp, fronts).dump())
+        for f in fronts.values():
+            f.stop()
+        cp.stop()
+        raise
+    return Env(cp, fronts)
+
+
+def stop_env(env: Env):
+    for f in env.fronts.values():
+        f.stop()
+    env.cp.stop()
+
+
