@@ -1,13 +1,14 @@
 //! The HTTP filter: strips client routing headers, asks [`routing::decide`], and acts on the
-//! answer. The serving table lives in a per-VM cache that is refreshed only when the small
-//! generation key in shared data changes.
+//! answer: continue to the local server, reroute to a peer, answer 503, or let the local server
+//! answer a discovery request and swap its 200 for the merged document. The serving table lives in
+//! a per-VM cache that is refreshed only when the small generation key in shared data changes.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::{Action, MapType};
+use proxy_wasm::types::{Action, BufferType, MapType};
 
 use super::host::{self, Metrics};
 use crate::config::Config;
@@ -114,11 +115,27 @@ pub struct PeerProxy {
     shared: Rc<Shared>,
     /// Set when this request was sent to a peer: what for, and which cluster.
     rerouted: Option<(Gvr, String)>,
+    /// Set when the local server's discovery answer is to be replaced by a merged document.
+    merged: Option<MergedReply>,
+}
+
+/// A merged discovery answer waiting for the local apiserver's verdict: the local server
+/// authenticates and authorizes the request as usual, and only its 200 is replaced.
+struct MergedReply {
+    doc: MergedDoc,
+    table: Rc<Table>,
+    if_none_match: Option<String>,
+    /// Headers were rewritten; the local body is being swapped for `body`.
+    body: Option<Rc<Vec<u8>>>,
 }
 
 impl PeerProxy {
     pub fn new(shared: Rc<Shared>) -> PeerProxy {
-        PeerProxy { shared, rerouted: None }
+        PeerProxy {
+            shared,
+            rerouted: None,
+            merged: None,
+        }
     }
 
     fn inc(&self, name: String) {
@@ -151,28 +168,42 @@ impl PeerProxy {
         Action::Pause
     }
 
-    fn serve_merged(&self, doc: MergedDoc, table: &Table) -> Action {
-        let (etag, label, content_type) = match doc {
-            MergedDoc::Apis => (table.apis_etag.as_str(), "apis", CONTENT_TYPE_V2),
-            MergedDoc::Api => (table.api_etag.as_str(), "api", CONTENT_TYPE_V2),
-            MergedDoc::ApisLegacy => (table.apis_legacy_etag.as_str(), "apis_legacy", "application/json"),
-        };
-        let common = [("etag", etag), ("vary", "Accept"), ("cache-control", "public")];
-        if host::header(MapType::HttpRequestHeaders, "if-none-match").as_deref() == Some(etag) {
-            self.inc(metrics::name(
-                metrics::MERGED_RESPONSES,
-                &[("doc", label), ("code", "304")],
-            ));
-            return self.reply(304, common.to_vec(), None);
+    /// Response headers of a merged discovery request: on the local server's 200, becomes the
+    /// merged document's headers (or a 304 when the client already has it).
+    fn merged_response_headers(&mut self) {
+        let Some(m) = self.merged.as_mut() else { return };
+        let resp = MapType::HttpResponseHeaders;
+        if host::header(resp, ":status").as_deref() != Some("200") {
+            // 401, 403, 406, ...: the local server's verdict stands.
+            self.merged = None;
+            return;
         }
+        let (etag, label, content_type) = match m.doc {
+            MergedDoc::Apis => (m.table.apis_etag.clone(), "apis", CONTENT_TYPE_V2),
+            MergedDoc::Api => (m.table.api_etag.clone(), "api", CONTENT_TYPE_V2),
+            MergedDoc::ApisLegacy => (m.table.apis_legacy_etag.clone(), "apis_legacy", "application/json"),
+        };
+        let not_modified = m.if_none_match.as_deref() == Some(etag.as_str());
+        m.body = Some(if not_modified {
+            Rc::new(Vec::new())
+        } else {
+            self.shared.merged(m.doc)
+        });
+        host::set_header(resp, "content-length", None);
+        host::set_header(resp, "content-type", Some(content_type));
+        host::set_header(resp, "etag", Some(&etag));
+        host::set_header(resp, "vary", Some("Accept"));
+        host::set_header(resp, "cache-control", Some("public"));
+        let code = if not_modified {
+            host::set_header(resp, ":status", Some("304"));
+            "304"
+        } else {
+            "200"
+        };
         self.inc(metrics::name(
             metrics::MERGED_RESPONSES,
-            &[("doc", label), ("code", "200")],
+            &[("doc", label), ("code", code)],
         ));
-        let body = self.shared.merged(doc);
-        let mut headers = common.to_vec();
-        headers.push(("content-type", content_type));
-        self.reply(200, headers, Some(&body))
     }
 }
 
@@ -217,10 +248,22 @@ impl HttpContext for PeerProxy {
                 let body = status::not_ready(config.retry_after_seconds);
                 self.service_unavailable("not_ready", &Gvr::default(), body)
             }
-            Decision::Merged(doc) => match table {
-                Some(t) => self.serve_merged(doc, &t),
-                None => Action::Continue,
-            },
+            Decision::Merged(doc) => {
+                if let Some(table) = table {
+                    // The local server must answer in full (not 304 on its own ETag).
+                    let if_none_match = host::header(req, "if-none-match");
+                    if if_none_match.is_some() {
+                        host::set_header(req, "if-none-match", None);
+                    }
+                    self.merged = Some(MergedReply {
+                        doc,
+                        table,
+                        if_none_match,
+                        body: None,
+                    });
+                }
+                Action::Continue
+            }
             Decision::Peer { index, gvr } => {
                 let Some(server) = table.as_ref().and_then(|t| t.servers.get(index)) else {
                     return Action::Continue;
@@ -246,7 +289,23 @@ impl HttpContext for PeerProxy {
         }
     }
 
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        let Some(body) = self.merged.as_ref().and_then(|m| m.body.clone()) else {
+            return Action::Continue;
+        };
+        // Drop the local document chunk by chunk (nothing is buffered), then send ours.
+        let replacement: &[u8] = if end_of_stream { &body } else { &[] };
+        if let Err(e) = hostcalls::set_buffer(BufferType::HttpResponseBody, 0, body_size, replacement) {
+            log::error!("kube-peer-proxy: cannot replace the discovery body: {e:?}");
+        }
+        if end_of_stream {
+            self.merged = None;
+        }
+        Action::Continue
+    }
+
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        self.merged_response_headers();
         let Some((gvr, cluster)) = self.rerouted.take() else {
             return Action::Continue;
         };

@@ -55,7 +55,9 @@ def test_discovery_accept(topo, endpoint, client, accept, who, expect):
     from topology import request
     direct = request(f"{topo.a.url}{endpoint}", headers=headers)
     if who == "legacy" and endpoint == "/apis":
-        assert r.status == 200 and "x-fake-apiserver" not in r.headers, r
+        # The local server authorized and answered; the filter swapped in the merged document.
+        assert r.status == 200 and r.headers.get("x-fake-apiserver") == "a", r
+        assert r.body != direct.body
         assert r.headers["content-type"] == "application/json"
         doc = r.json()
         assert doc["kind"] == "APIGroupList"
@@ -65,7 +67,8 @@ def test_discovery_accept(topo, endpoint, client, accept, who, expect):
         assert set(local) <= set(groups)
         assert {"v1", "v1alpha3"} <= set(groups["resource.k8s.io"])
     elif who == "merged":
-        assert r.status == 200 and "x-fake-apiserver" not in r.headers, r
+        assert r.status == 200 and r.headers.get("x-fake-apiserver") == "a", r
+        assert r.body != direct.body, "the merged document, not the local one"
         assert r.headers["content-type"] == expect
         assert r.json()["apiVersion"] == "apidiscovery.k8s.io/v2"
         if endpoint == "/apis":

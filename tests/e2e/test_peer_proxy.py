@@ -140,7 +140,9 @@ def test_merged_apis_is_the_union_and_nopeer_gets_the_local_view(topo):
     local = request(f"{topo.a.url}/apis", headers={"Accept": V2}).json()
     new = request(f"{topo.b.url}/apis", headers={"Accept": V2}).json()
     r = topo.get("/apis", accept=KUBECTL_ACCEPT)
-    assert r.status == 200 and "x-fake-apiserver" not in r.headers, "merged doc is built by the filter"
+    # The local server answers (so it authenticates and authorizes the request); the filter replaces
+    # its document with the merged one.
+    assert r.status == 200 and served_by(r) == "a", r
     assert r.headers["content-type"] == V2
     assert r.headers["vary"] == "Accept" and r.headers["cache-control"] == "public"
     merged = r.json()
@@ -154,9 +156,22 @@ def test_merged_apis_is_the_union_and_nopeer_gets_the_local_view(topo):
     assert gvrs(r.json()) == gvrs(local)
     # Legacy discovery clients get the union too, as an APIGroupList.
     r = topo.get("/apis", accept="application/json")
-    assert (r.status, served_by(r), r.json()["kind"]) == (200, "", "APIGroupList")
+    assert (r.status, served_by(r), r.json()["kind"]) == (200, "a", "APIGroupList")
     legacy = {(g["name"], v["version"]) for g in r.json()["groups"] for v in g["versions"]}
     assert legacy == {(g, v) for g, v, _ in gvrs(merged)}
+
+
+def test_the_local_servers_refusal_of_a_discovery_request_stands(topo):
+    """Merged discovery is only ever a replacement for the local server's 200: whatever else it
+    answers (401/403 for a client it does not accept, 500 here) reaches the client unchanged."""
+    topo.start(plugin={"staleness_limit": "30s"})
+    assert request(f"{topo.a.url}/__fake/fault", "POST", body=b'{"discovery":"500"}').status == 200
+    r = topo.get("/apis", accept=V2)
+    assert (r.status, served_by(r)) == (500, "a"), r
+    assert r.json()["kind"] == "Status"
+    request(f"{topo.a.url}/__fake/fault", "POST", body=b'{"discovery":"ok"}')
+    r = topo.get("/apis", accept=V2)
+    assert r.status == 200 and "lifecycle.k8s.io" in {g["metadata"]["name"] for g in r.json()["items"]}
 
 
 def test_merged_api_core_group_includes_a_peer_only_subresource(topo):

@@ -151,6 +151,12 @@ def test_merged_discovery_through_a_lists_b_resources_and_nopeer_gets_a_own_view
     nopeer = discovery(env.fronts["a"].url, env.tokens["alice"], accept=NOPEER, ca=env.cp.ca)
     assert nopeer == a_own
     assert ("batch", "v1", "jobs") not in nopeer
+    # The merged document is only ever a replacement for a's own 200: a client a does not accept
+    # gets a's refusal, exactly as it would from a directly.
+    for token in ("not-a-token", None):
+        direct = http(env.server("a").url, "/apis", ca=env.cp.ca, token=token, headers={"Accept": V2})
+        r = env.via("a", "/apis", token=token, headers={"Accept": V2})
+        assert r.status == direct.status and r.status in (401, 403), (token, r.status, direct.status)
     # per-group-version discovery of a GV only b serves is forwarded like a resource request
     r = env.via("a", "/apis/batch/v1")
     assert r.status == 200 and any(x["name"] == "jobs" for x in r.json()["resources"]), r
