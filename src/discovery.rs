@@ -208,26 +208,25 @@ pub fn parse_aggregated(body: &[u8]) -> Result<GroupDiscoveryList, ParseError> {
 }
 
 pub fn parse_api_versions(body: &[u8]) -> Result<ApiVersions, ParseError> {
-    let v: serde_json::Value = serde_json::from_slice(body).map_err(|e| ParseError::Json(e.to_string()))?;
-    expect_kind(&v, "APIVersions", "versions")?;
-    serde_json::from_value(v).map_err(|e| ParseError::Json(e.to_string()))
+    parse_legacy(body, "APIVersions", "versions")
 }
 
 pub fn parse_group_list(body: &[u8]) -> Result<ApiGroupList, ParseError> {
-    let v: serde_json::Value = serde_json::from_slice(body).map_err(|e| ParseError::Json(e.to_string()))?;
-    expect_kind(&v, "APIGroupList", "groups")?;
-    serde_json::from_value(v).map_err(|e| ParseError::Json(e.to_string()))
+    parse_legacy(body, "APIGroupList", "groups")
 }
 
 pub fn parse_group(body: &[u8]) -> Result<ApiGroup, ParseError> {
-    let v: serde_json::Value = serde_json::from_slice(body).map_err(|e| ParseError::Json(e.to_string()))?;
-    expect_kind(&v, "APIGroup", "versions")?;
-    serde_json::from_value(v).map_err(|e| ParseError::Json(e.to_string()))
+    parse_legacy(body, "APIGroup", "versions")
 }
 
 pub fn parse_resource_list(body: &[u8]) -> Result<ApiResourceList, ParseError> {
+    parse_legacy(body, "APIResourceList", "resources")
+}
+
+/// A legacy document of `kind`, whose main list is `field` (see [`expect_kind`]).
+fn parse_legacy<T: serde::de::DeserializeOwned>(body: &[u8], kind: &str, field: &str) -> Result<T, ParseError> {
     let v: serde_json::Value = serde_json::from_slice(body).map_err(|e| ParseError::Json(e.to_string()))?;
-    expect_kind(&v, "APIResourceList", "resources")?;
+    expect_kind(&v, kind, field)?;
     serde_json::from_value(v).map_err(|e| ParseError::Json(e.to_string()))
 }
 

@@ -2,31 +2,11 @@
 //! odd paths, and a no-panic sweep.
 #![cfg(test)]
 
-use kube_peer_proxy::request_info::{self, parse, NonResource, RequestKind, ResourceRequest};
+mod common;
 
-fn resource(
-    verb: &str,
-    group: &'static str,
-    version: &'static str,
-    namespace: &'static str,
-    resource: &'static str,
-    name: &str,
-    subresource: &'static str,
-) -> RequestKind<'static> {
-    RequestKind::Resource(ResourceRequest {
-        verb: verb.to_string(),
-        group,
-        version,
-        namespace,
-        resource,
-        name: name.to_string(),
-        subresource,
-    })
-}
+use kube_peer_proxy::request_info::{self, parse, NonResource, RequestKind};
 
-fn nr(n: NonResource<'static>) -> RequestKind<'static> {
-    RequestKind::NonResource(n)
-}
+use common::{non_resource as nr, resource_request as resource};
 
 struct Row {
     name: &'static str,

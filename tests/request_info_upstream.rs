@@ -44,7 +44,9 @@
 //! Query strings are decoded by both (`req.URL.Query()` upstream, `percent_decode` here).
 #![cfg(test)]
 
-use kube_peer_proxy::request_info::{parse, NonResource, RequestKind, ResourceRequest};
+mod common;
+
+use kube_peer_proxy::request_info::{parse, NonResource, RequestKind};
 
 struct Row {
     name: &'static str,
@@ -62,29 +64,7 @@ fn row(name: &'static str, method: &'static str, path: &'static str, want: Reque
     }
 }
 
-fn res(
-    verb: &str,
-    group: &'static str,
-    version: &'static str,
-    namespace: &'static str,
-    resource: &'static str,
-    name: &str,
-    subresource: &'static str,
-) -> RequestKind<'static> {
-    RequestKind::Resource(ResourceRequest {
-        verb: verb.to_string(),
-        group,
-        version,
-        namespace,
-        resource,
-        name: name.to_string(),
-        subresource,
-    })
-}
-
-fn nr(n: NonResource<'static>) -> RequestKind<'static> {
-    RequestKind::NonResource(n)
-}
+use common::{non_resource as nr, resource_request as res};
 
 fn run(rows: &[Row]) {
     let failures: Vec<String> = rows
