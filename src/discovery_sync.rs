@@ -146,6 +146,8 @@ pub struct Syncer {
     round_completed_ms: Option<u64>,
     /// Some server's data or reachability changed since the last build.
     dirty: bool,
+    /// How many times a snapshot was built (merged, encoded, compared): unchanged rounds must not.
+    builds: u64,
     /// Fresh servers and their reachability at the last build: with `dirty`, decides whether a
     /// finished round needs a new snapshot at all (most rounds are all 304s).
     last_built: Option<Vec<(String, bool)>>,
@@ -189,6 +191,7 @@ impl Syncer {
             published: None,
             round_completed_ms: None,
             dirty: true,
+            builds: 0,
             last_built: None,
         }
     }
@@ -203,6 +206,11 @@ impl Syncer {
 
     pub fn generation(&self) -> u64 {
         self.generation
+    }
+
+    /// Snapshots built so far (each costs a merge and an encode, published or not).
+    pub fn builds(&self) -> u64 {
+        self.builds
     }
 
     /// When the last round finished (published or unchanged): the snapshot's age is measured from it.
@@ -376,7 +384,12 @@ impl Syncer {
         let w = &mut s.work;
         match (purpose, doc) {
             (Purpose::ApiRoot, Doc::Aggregated(items)) => w.core = Some(items),
-            (Purpose::ApiRoot, Doc::Absent) => w.core = Some(Vec::new()),
+            // No core group (an aggregated API server): a change only if we had one.
+            (Purpose::ApiRoot, Doc::Absent) => {
+                if s.data.as_ref().is_none_or(|d| !d.core.is_empty()) {
+                    w.core = Some(Vec::new());
+                }
+            }
             (Purpose::ApiRoot | Purpose::ApisRoot, Doc::Unchanged) => {}
             (Purpose::ApiRoot, Doc::ApiVersions(versions)) => {
                 w.core_versions = vec![None; versions.len()];
@@ -436,6 +449,7 @@ impl Syncer {
             return None;
         }
         self.dirty = false;
+        self.builds += 1;
         self.last_built = Some(inputs);
         let fresh: Vec<(ServerRef, &ServerDiscovery)> = fresh_servers
             .iter()
@@ -512,7 +526,10 @@ fn finish_server(s: &mut Server, now_ms: u64) -> bool {
                 .collect(),
         );
     }
-    let changed = core.is_some() || groups.is_some();
+    // A fresh document may still say what we had (legacy servers have no ETags).
+    let old = s.data.as_ref();
+    let changed = core.as_ref().is_some_and(|c| old.is_none_or(|o| &o.core != c))
+        || groups.as_ref().is_some_and(|g| old.is_none_or(|o| &o.groups != g));
     let (core, groups) = match (core, groups, s.data.take()) {
         (core, groups, Some(old)) => (core.unwrap_or(old.core), groups.unwrap_or(old.groups)),
         (Some(core), Some(groups), None) => (core, groups),

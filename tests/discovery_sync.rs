@@ -616,6 +616,13 @@ fn api_404_is_tolerated() {
         Decision::Local(LocalReason::ServedLocally)
     );
     assert_eq!(p.table.servers_for(&resource_key("", "v1", "pods")), 0b101);
+    // The same 404 next round (and 304s elsewhere) is no change: no rebuild, no new snapshot.
+    assert_eq!(s.builds(), 1);
+    let again = round(&mut s, &fake, 1000);
+    assert!(again.fetches.len() >= 6, "a whole round ran");
+    assert!(again.errors.is_empty(), "{:?}", again.errors);
+    assert!(again.publish.is_none(), "an unchanged round must not republish");
+    assert_eq!(s.builds(), 1, "an unchanged round must not even rebuild");
 
     // A 404 on /apis is an error.
     let mut s = Syncer::new(&config());
