@@ -609,8 +609,9 @@ def report(results: list[Result], idle: list[dict], bench: Bench, argv: list[str
     if idle:
         refresh = render.DEFAULT_PLUGIN["refresh_interval"]
         w(f"**Discovery service, no requests**: refresh interval {refresh} (the renderer's default); the "
-          "upstream answers If-None-Match with 304 like an apiserver, so an unchanged round fetches no "
-          f"bodies but still merges, rebuilds and compares the snapshot. Envoy CPU over {IDLE_S} s:")
+          "upstream answers If-None-Match with 304 like an apiserver (and `/api` with 404), so an unchanged "
+          "round fetches no bodies and builds no snapshot; the workers' timers only read the generation "
+          f"key. Envoy CPU over {IDLE_S} s:")
         w("")
         w("| table | Envoy CPU ms per second | ≈ CPU ms per round | Envoy RSS MiB (peak) | time to first snapshot |")
         w("|---|---:|---:|---:|---:|")
