@@ -85,6 +85,9 @@ pub fn decide_with(
     if req.peer_proxied.is_some_and(|v| v == "true") {
         return Decision::Local(LocalReason::AlreadyProxied);
     }
+    // A snapshot in which no server has answered yet (or all have gone stale) knows nothing:
+    // routing on it would turn every peer-only resource into a false 404.
+    let table = table.filter(|t| !t.servers.is_empty());
     let kind = request_info::parse(req.method, req.path);
     let is_get = req.method.eq_ignore_ascii_case("GET");
     let (local_key, fallback_key, gvr) = match &kind {
@@ -102,7 +105,7 @@ pub fn decide_with(
                     (_, DiscoveryChoice::Merged) => MergedDoc::Apis,
                     (_, DiscoveryChoice::MergedLegacy) => MergedDoc::ApisLegacy,
                 };
-                if table.is_none_or(|t| t.servers.is_empty()) {
+                if table.is_none() {
                     return Decision::NotReady;
                 }
                 return Decision::Merged(doc);
@@ -127,9 +130,7 @@ pub fn decide_with(
             }
         }
     };
-    // A snapshot in which no server has answered yet (or all have gone stale) knows nothing:
-    // routing on it would turn every peer-only resource into a false 404.
-    let Some(table) = table.filter(|t| !t.servers.is_empty()) else {
+    let Some(table) = table else {
         return Decision::NotReady;
     };
     let local = table.local_mask();
