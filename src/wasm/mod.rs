@@ -62,8 +62,7 @@ impl RootContext for Root {
         };
         let root_id = host::property(&["plugin_root_id"]).unwrap_or_default();
         if root_id == DISCOVERY_ROOT_ID {
-            let svc = service::Service::new(config);
-            if let Err(e) = proxy_wasm::hostcalls::set_tick_period(svc.tick_period()) {
+            if let Err(e) = proxy_wasm::hostcalls::set_tick_period(tick_period(&config)) {
                 log::error!("kube-peer-proxy: cannot start the discovery timer: {e:?}");
                 return false;
             }
@@ -71,7 +70,7 @@ impl RootContext for Root {
                 "kube-peer-proxy {} discovery service configured",
                 env!("CARGO_PKG_VERSION")
             );
-            self.role = Role::Service(Box::new(svc));
+            self.role = Role::Service(Box::new(service::Service::new(config)));
         } else {
             // Each worker's filter VM loads new snapshots on its own timer, off the request path.
             if let Err(e) = proxy_wasm::hostcalls::set_tick_period(tick_period(&config)) {

@@ -16,7 +16,6 @@ use crate::snapshot;
 
 pub struct Service {
     syncer: Syncer,
-    tick: Duration,
     tokens: HashMap<u32, u64>,
     metrics: Metrics,
     staleness_ms: u64,
@@ -24,20 +23,12 @@ pub struct Service {
 
 impl Service {
     pub fn new(config: Config) -> Service {
-        // Tick faster than the refresh interval so the first round starts promptly and rounds
-        // start on time; the syncer decides when a round is due.
-        let tick = super::tick_period(&config);
         Service {
             syncer: Syncer::new(&config),
-            tick,
             tokens: HashMap::new(),
             metrics: Metrics::default(),
             staleness_ms: u64::try_from(config.staleness_limit.as_millis()).unwrap_or(u64::MAX),
         }
-    }
-
-    pub fn tick_period(&self) -> Duration {
-        self.tick
     }
 
     pub fn on_tick(&mut self) {
