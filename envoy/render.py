@@ -16,7 +16,11 @@ import json
 import sys
 
 ROUTE_HEADER = "x-kube-peer-proxy-cluster"
-# Request header the filter sets on requests it answers itself (src/wasm/filter.rs).
+# Lease mode: the header the address-picked (ORIGINAL_DST) peer cluster reads, set only by the filter.
+ADDRESS_HEADER = "x-kube-peer-proxy-peer-address"
+LEASE_CLUSTER = "peers-by-address"
+# Response header on the replies the filter makes itself (src/wasm/filter.rs): they already are
+# Kubernetes Status documents, so the local-reply mapper leaves them alone.
 FILTER_REPLY_HEADER = "x-kube-peer-proxy-reply"
 VM_ID = "kube-peer-proxy"
 FILTER_ROOT_ID = "kube-peer-proxy"
@@ -33,10 +37,12 @@ DEFAULT_PLUGIN = {
 }
 
 
-def plugin_config(node, peers, overrides=None):
-    cfg = {"local_name": node, "local_cluster": "local",
-           "peers": [{"name": name, "cluster": f"peer-{name}"} for name, _, _ in peers],
-           "route_header": ROUTE_HEADER}
+def plugin_config(node, peers, overrides=None, leases=None):
+    cfg = {"local_name": node, "local_cluster": "local", "route_header": ROUTE_HEADER}
+    if leases is None:
+        cfg["peers"] = [{"name": name, "cluster": f"peer-{name}"} for name, _, _ in peers]
+    else:
+        cfg["lease_discovery"] = {"cluster": LEASE_CLUSTER, "address_header": ADDRESS_HEADER, **leases}
     cfg.update(DEFAULT_PLUGIN)
     cfg.update(overrides or {})
     return cfg
@@ -49,6 +55,23 @@ def _cluster(name, host, port, tls_sni=None):
         "connect_timeout": "1s",
         "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
             {"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}}]}]},
+    }
+    if tls_sni is not None:
+        c["transport_socket"] = {"name": "envoy.transport_sockets.tls", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+            "sni": tls_sni}}
+    return c
+
+
+def _lease_cluster(tls_sni=None):
+    """The one cluster lease-learned peers are reached through: the filter (and the discovery
+    service) pick the destination with ADDRESS_HEADER, only ever an address read from a lease."""
+    c = {
+        "name": LEASE_CLUSTER,
+        "type": "ORIGINAL_DST",
+        "lb_policy": "CLUSTER_PROVIDED",
+        "connect_timeout": "1s",
+        "original_dst_lb_config": {"use_http_header": True, "http_header_name": ADDRESS_HEADER},
     }
     if tls_sni is not None:
         c["transport_socket"] = {"name": "envoy.transport_sockets.tls", "typed_config": {
@@ -70,14 +93,18 @@ def _wasm_config(name, root_id, configuration, wasm_path):
 
 def render_bootstrap(*, node, listen_port, admin_port, local, peers, wasm_path, plugin=None,
                      filter_plugin=None, failure_policy="FAIL_RELOAD", with_filter=True,
-                     upstream_tls_sni=None):
+                     upstream_tls_sni=None, leases=None):
     """Returns the bootstrap as YAML text (JSON is valid YAML).
 
+    leases: lease mode instead of `peers` (which must then be empty): the plugin's
+    `lease_discovery` fields besides cluster and address header, e.g. {"local_hostname": "cp-1"};
     plugin: overrides for the plugin configuration of both the service and the filter;
     filter_plugin: a raw configuration string for the filter only (tests of config rejection);
     with_filter=False renders plain Envoy (the control case without the filter).
     """
-    plugin_cfg = plugin_config(node, peers, plugin)
+    if leases is not None and peers:
+        raise ValueError("lease mode and configured peers are exclusive")
+    plugin_cfg = plugin_config(node, peers, plugin, leases)
     retry_after = plugin_cfg.get("retry_after_seconds", 1)
     unavailable_status = {
         "headers_to_add": [{"header": {"key": "retry-after", "value": str(retry_after)},
@@ -117,23 +144,27 @@ def render_bootstrap(*, node, listen_port, admin_port, local, peers, wasm_path, 
         # clients expect (a Status with Retry-After), not plain text.
         # The second mapper catches Envoy's other 503s, e.g. a request whose wasm VM just failed
         # (`wasm_fail_stream`, no response flag); the filter marks its own 503s, which already
-        # are Status documents, with a request header so they are left alone.
+        # are Status documents, with a response header (a CEL filter: the plain header filter
+        # reads request headers, which the filter cannot change once the request went upstream).
         "local_reply_config": {"mappers": [
             {"filter": {"response_flag_filter": {"flags": ["UF", "UH", "UO", "URX", "UC"]}},
              **unavailable_status},
             {"filter": {"and_filter": {"filters": [
                 {"status_code_filter": {"comparison": {"op": "EQ", "value": {
                     "default_value": 503, "runtime_key": "kube_peer_proxy.local_reply_503"}}}},
-                {"header_filter": {"header": {"name": FILTER_REPLY_HEADER, "present_match": True,
-                                              "invert_match": True}}},
+                {"extension_filter": {
+                    "name": "envoy.access_loggers.extension_filters.cel",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter",
+                        "expression": f"!('{FILTER_REPLY_HEADER}' in response.headers)"}}},
              ]}}, **unavailable_status},
         ]},
         "route_config": {
             "name": "apiserver",
-            # The routing header is removed from every client request before any filter runs
-            # (no address is "internal" by Envoy 1.40's default), so even a failed-open VM cannot
-            # let a client pick a cluster.
-            "internal_only_headers": [ROUTE_HEADER],
+            # The routing and address headers are removed from every client request before any
+            # filter runs (no address is "internal" by Envoy 1.40's default), so even a failed-open
+            # VM cannot let a client pick a cluster or an upstream address.
+            "internal_only_headers": [ROUTE_HEADER, ADDRESS_HEADER],
             "virtual_hosts": [{
             "name": "apiserver", "domains": ["*"],
             "routes": [
@@ -146,6 +177,8 @@ def render_bootstrap(*, node, listen_port, admin_port, local, peers, wasm_path, 
     local_host, local_port = local
     clusters = [_cluster("local", local_host, local_port, upstream_tls_sni)]
     clusters += [_cluster(f"peer-{name}", host, port, upstream_tls_sni) for name, host, port in peers]
+    if leases is not None:
+        clusters.append(_lease_cluster(upstream_tls_sni))
 
     bootstrap = {
         "node": {"id": f"kube-peer-proxy-{node}", "cluster": "kube-peer-proxy"},
@@ -210,6 +243,8 @@ def main(argv=None):
     p.add_argument("--wasm", required=True)
     p.add_argument("--plugin-json", default=None, help="JSON object of plugin config overrides")
     p.add_argument("--upstream-tls-sni", default=None, help="TLS to the apiservers with this SNI")
+    p.add_argument("--lease-local-hostname", default=None,
+                   help="lease mode: peers from apiserver identity leases; this node's kubernetes.io/hostname")
     a = p.parse_args(argv)
     peers = []
     for spec in a.peer:
@@ -218,7 +253,8 @@ def main(argv=None):
     sys.stdout.write(render_bootstrap(
         node=a.node, listen_port=a.listen, admin_port=a.admin, local=_hostport(a.local), peers=peers,
         wasm_path=a.wasm, plugin=json.loads(a.plugin_json) if a.plugin_json else None,
-        upstream_tls_sni=a.upstream_tls_sni))
+        upstream_tls_sni=a.upstream_tls_sni,
+        leases={"local_hostname": a.lease_local_hostname} if a.lease_local_hostname else None))
 
 
 if __name__ == "__main__":

@@ -415,6 +415,7 @@ fn server(name: &str, local: bool) -> ServerRef {
             format!("peer-{name}")
         },
         local,
+        address: None,
     }
 }
 

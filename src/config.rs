@@ -18,6 +18,24 @@ pub struct Peer {
     pub cluster: String,
 }
 
+/// Lease mode: peers are the apiservers whose identity leases are live (upstream's peer discovery,
+/// `staging/src/k8s.io/apiserver/pkg/util/peerproxy/peer_discovery.go`), reached through one
+/// address-picked cluster instead of one configured cluster each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseDiscovery {
+    /// An Envoy `ORIGINAL_DST` cluster that takes its destination from `address_header`.
+    pub cluster: String,
+    /// The header that cluster reads (`original_dst_lb_config.http_header_name`). Only the filter
+    /// sets it, only to addresses learned from leases; clients' copies are stripped.
+    pub address_header: String,
+    /// What identifies the local apiserver's own lease (by its `kubernetes.io/hostname` label or
+    /// its advertised address); at least one is required.
+    pub local_hostname: Option<String>,
+    pub local_address: Option<String>,
+    /// `hostname → ip:port` for servers that do not write the peer-advertise-address annotation.
+    pub hosts: Vec<(String, String)>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     /// Name of the local apiserver in metrics and logs.
@@ -37,8 +55,10 @@ pub struct Config {
     /// Extra headers on discovery fetches (e.g. `authorization` for real apiservers).
     pub discovery_headers: Vec<(String, String)>,
     pub max_discovery_bytes: usize,
-    /// Answer aggregated `/apis` and `/api` with the union of all fresh servers.
+    /// Answer aggregated `/apis` and `/api` with the union of every member's last-known APIs.
     pub merged_discovery: bool,
+    /// Peers from identity leases instead of `peers`.
+    pub lease_discovery: Option<LeaseDiscovery>,
 }
 
 impl Default for Config {
@@ -56,6 +76,7 @@ impl Default for Config {
             discovery_headers: Vec::new(),
             max_discovery_bytes: 16 << 20,
             merged_discovery: true,
+            lease_discovery: None,
         }
     }
 }
@@ -73,7 +94,10 @@ const FIELDS: &[&str] = &[
     "discovery_headers",
     "max_discovery_bytes",
     "merged_discovery",
+    "lease_discovery",
 ];
+
+const LEASE_FIELDS: &[&str] = &["cluster", "address_header", "local_hostname", "local_address", "hosts"];
 
 impl Config {
     pub fn parse(bytes: &[u8]) -> Result<Config, String> {
@@ -142,12 +166,15 @@ impl Config {
             }
         }
         c.peers = peers(obj, &c)?;
+        c.lease_discovery = lease_discovery(obj, &c)?;
         Ok(c)
     }
 
     /// Every cluster the filter may route to, local first.
     pub fn clusters(&self) -> impl Iterator<Item = &str> {
-        std::iter::once(self.local_cluster.as_str()).chain(self.peers.iter().map(|p| p.cluster.as_str()))
+        std::iter::once(self.local_cluster.as_str())
+            .chain(self.peers.iter().map(|p| p.cluster.as_str()))
+            .chain(self.lease_discovery.iter().map(|l| l.cluster.as_str()))
     }
 }
 
@@ -191,6 +218,84 @@ fn peers(obj: &Map<String, Value>, c: &Config) -> Result<Vec<Peer>, String> {
         out.push(Peer { name, cluster });
     }
     Ok(out)
+}
+
+fn lease_discovery(obj: &Map<String, Value>, c: &Config) -> Result<Option<LeaseDiscovery>, String> {
+    let Some(v) = obj.get("lease_discovery") else {
+        return Ok(None);
+    };
+    let o = v
+        .as_object()
+        .ok_or_else(|| format!("lease_discovery: expected an object, got {}", kind(v)))?;
+    if !c.peers.is_empty() {
+        return Err("lease_discovery: cannot be combined with peers (choose configured peers or leases)".into());
+    }
+    for k in o.keys() {
+        if !LEASE_FIELDS.contains(&k.as_str()) {
+            return Err(format!(
+                "lease_discovery.{k}: unknown field (known: {})",
+                LEASE_FIELDS.join(", ")
+            ));
+        }
+    }
+    let field = |e: String| format!("lease_discovery.{e}");
+    let cluster = string(o, "cluster")
+        .map_err(field)?
+        .ok_or("lease_discovery.cluster: missing")?;
+    non_empty("lease_discovery.cluster", &cluster)?;
+    if cluster == c.local_cluster {
+        return Err("lease_discovery.cluster: must differ from local_cluster".into());
+    }
+    let address_header = match string(o, "address_header").map_err(field)? {
+        None => "x-envoy-original-dst-host".to_string(),
+        Some(h) if !h.is_empty() && !h.starts_with(':') && h.bytes().all(is_header_char) => h,
+        Some(h) => {
+            return Err(format!(
+                "lease_discovery.address_header: {h:?} is not a valid lower-case header name"
+            ))
+        }
+    };
+    if address_header == c.route_header {
+        return Err("lease_discovery.address_header: must differ from route_header".into());
+    }
+    let local_hostname = string(o, "local_hostname").map_err(field)?;
+    if let Some(h) = &local_hostname {
+        non_empty("lease_discovery.local_hostname", h)?;
+    }
+    let local_address = match string(o, "local_address").map_err(field)? {
+        None => None,
+        Some(a) => Some(
+            crate::leases::parse_address(&a)
+                .ok_or_else(|| format!("lease_discovery.local_address: {a:?} is not an ip:port address"))?,
+        ),
+    };
+    if local_hostname.is_none() && local_address.is_none() {
+        return Err(
+            "lease_discovery.local_hostname: missing (set local_hostname or local_address so the local server's own lease is recognised)"
+                .into(),
+        );
+    }
+    let mut hosts = Vec::new();
+    if let Some(h) = o.get("hosts") {
+        let map = h
+            .as_object()
+            .ok_or_else(|| format!("lease_discovery.hosts: expected an object, got {}", kind(h)))?;
+        for (name, addr) in map {
+            let f = format!("lease_discovery.hosts.{name}");
+            let a = addr
+                .as_str()
+                .ok_or_else(|| format!("{f}: expected a string, got {}", kind(addr)))?;
+            let a = crate::leases::parse_address(a).ok_or_else(|| format!("{f}: {a:?} is not an ip:port address"))?;
+            hosts.push((name.clone(), a));
+        }
+    }
+    Ok(Some(LeaseDiscovery {
+        cluster,
+        address_header,
+        local_hostname,
+        local_address,
+        hosts,
+    }))
 }
 
 fn kind(v: &Value) -> &'static str {

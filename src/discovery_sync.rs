@@ -1,18 +1,23 @@
 //! Discovery synchronisation for the local server and every peer (upstream's `local_discovery.go`
 //! and `peer_discovery.go` in one state machine, with no host calls so it is tested natively).
 //!
-//! Each round fetches `/api` and `/apis` from every server with the `profile=nopeer` Accept list
+//! Each round fetches `/api` and `/apis` from every member with the `profile=nopeer` Accept list
 //! and `x-kubernetes-peer-proxied: true`, reusing ETags so unchanged documents cost a 304. A server
-//! that answers legacy discovery is walked through `/api/<v>` and `/apis/<g>/<v>`. A failed server
-//! keeps its last good data until the staleness limit, then drops out of the snapshot.
+//! that answers legacy discovery is walked through `/api/<v>` and `/apis/<g>/<v>`.
+//!
+//! Membership is separate from freshness: a member is every configured server, or in lease mode
+//! every server whose identity lease is live. What a member was last seen to serve is kept however
+//! old it gets (it is routed to only while fresh); `/api`, `/apis` and each legacy group/version
+//! are learned separately, so a partial answer counts for what it did answer.
 
 use std::collections::HashMap;
 
-use crate::config::Config;
+use crate::config::{Config, LeaseDiscovery};
 use crate::discovery::{self, GroupDiscovery, GroupMeta, VersionDiscovery};
+use crate::leases::{self, LeasePeer};
 use crate::merge;
 use crate::routing::PEER_PROXIED_HEADER;
-use crate::snapshot::{self, ServerDiscovery, ServerRef, Table};
+use crate::snapshot::{self, Member, ServerRef, Table};
 
 /// client-go `AcceptV2NoPeer`, then v2, v2beta1 (servers 1.26–1.29) and legacy JSON.
 pub const DISCOVERY_ACCEPT: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;profile=nopeer,application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json";
@@ -86,8 +91,12 @@ pub struct Step {
 enum Purpose {
     ApiRoot,
     ApisRoot,
+    /// Index into the core part's legacy walk.
     CoreVersion(usize),
-    GroupVersion(usize, usize),
+    /// Index into the groups part's legacy walk.
+    GroupVersion(usize),
+    /// The identity lease list (lease mode; fetched from the local server).
+    Leases,
 }
 
 /// A parsed document, cached with its ETag so a 304 can reuse it.
@@ -104,30 +113,82 @@ enum Doc {
     Unchanged,
 }
 
+/// What a round learned about one part (`/api` or `/apis`) of a server.
+#[derive(Debug, Default)]
+enum PartWork {
+    /// No usable answer (yet): the part keeps what it had.
+    #[default]
+    Failed,
+    /// 304: the part's data is current.
+    Unchanged,
+    Docs(Vec<GroupDiscovery>),
+    /// A legacy walk: `(group, version, resources if that fetch succeeded)`, in the server's order.
+    Legacy(Vec<(String, String, Option<VersionDiscovery>)>),
+}
+
 #[derive(Debug, Default)]
 struct Work {
     pending: usize,
-    failed: bool,
     /// A fetch could not reach the server at all (as opposed to a bad answer).
     unreachable: bool,
-    /// `None`: unchanged (304), keep the server's current core group.
-    core: Option<Vec<GroupDiscovery>>,
-    core_versions: Vec<Option<VersionDiscovery>>,
-    /// `None`: unchanged (304), keep the server's current groups.
-    groups: Option<Vec<GroupDiscovery>>,
-    legacy_groups: Vec<(String, Vec<Option<VersionDiscovery>>)>,
+    core: PartWork,
+    groups: PartWork,
+}
+
+/// One part of a server's API set as last learned.
+#[derive(Debug, Default, Clone)]
+struct Part {
+    /// `None` until learned once; then kept however old it gets.
+    docs: Option<Vec<GroupDiscovery>>,
+    /// Group/versions listed by a legacy walk whose resources were never learned.
+    unknown: Vec<(String, String)>,
+    last_ms: Option<u64>,
+}
+
+impl Part {
+    fn fresh(&self, now_ms: u64, staleness_ms: u64) -> bool {
+        self.docs.is_some() && self.last_ms.is_some_and(|t| now_ms.saturating_sub(t) <= staleness_ms)
+    }
 }
 
 #[derive(Debug)]
 struct Server {
     reference: ServerRef,
-    data: Option<ServerDiscovery>,
-    last_success_ms: Option<u64>,
+    /// The identity lease that makes it a member (lease mode peers only).
+    lease: Option<LeasePeer>,
+    core: Part,
+    groups: Part,
     /// Whether the server answered its last finished round (even with an unusable document).
     reachable: bool,
     cache: HashMap<String, (String, Doc)>,
     work: Work,
+    /// Its lease is gone: leaves when the round ends (in-flight fetches still name it).
+    leaving: bool,
 }
+
+impl Server {
+    fn new(reference: ServerRef, lease: Option<LeasePeer>) -> Server {
+        Server {
+            reference,
+            lease,
+            core: Part::default(),
+            groups: Part::default(),
+            reachable: true,
+            cache: HashMap::new(),
+            work: Work::default(),
+            leaving: false,
+        }
+    }
+
+    /// Whether discovery can be fetched at all (a lease peer without an address cannot).
+    fn fetchable(&self) -> bool {
+        self.lease.is_none() || self.reference.address.is_some()
+    }
+}
+
+/// What the built snapshot depends on besides the documents: per member its name, whether each
+/// part is known and fresh, and whether it is reachable.
+type BuildInputs = (bool, Vec<(String, bool, bool, bool, bool, bool)>);
 
 pub struct Syncer {
     servers: Vec<Server>,
@@ -144,13 +205,14 @@ pub struct Syncer {
     generation: u64,
     published: Option<Vec<u8>>,
     round_completed_ms: Option<u64>,
-    /// Some server's data or reachability changed since the last build.
+    /// Some server's data or membership changed since the last build.
     dirty: bool,
     /// How many times a snapshot was built (merged, encoded, compared): unchanged rounds must not.
     builds: u64,
-    /// Fresh servers and their reachability at the last build: with `dirty`, decides whether a
-    /// finished round needs a new snapshot at all (most rounds are all 304s).
-    last_built: Option<Vec<(String, bool)>>,
+    last_built: Option<BuildInputs>,
+    leases: Option<LeaseDiscovery>,
+    /// Lease mode: whether a lease list has ever been read (before that, membership is unknown).
+    leases_listed: bool,
 }
 
 impl Syncer {
@@ -159,24 +221,16 @@ impl Syncer {
             name: c.local_name.clone(),
             cluster: c.local_cluster.clone(),
             local: true,
+            address: None,
         }];
         servers.extend(c.peers.iter().map(|p| ServerRef {
             name: p.name.clone(),
             cluster: p.cluster.clone(),
             local: false,
+            address: None,
         }));
         Syncer {
-            servers: servers
-                .into_iter()
-                .map(|reference| Server {
-                    reference,
-                    data: None,
-                    last_success_ms: None,
-                    reachable: true,
-                    cache: HashMap::new(),
-                    work: Work::default(),
-                })
-                .collect(),
+            servers: servers.into_iter().map(|r| Server::new(r, None)).collect(),
             authority: c.discovery_authority.clone(),
             extra_headers: c.discovery_headers.clone(),
             refresh_ms: millis(c.refresh_interval),
@@ -193,6 +247,8 @@ impl Syncer {
             dirty: true,
             builds: 0,
             last_built: None,
+            leases: c.lease_discovery.clone(),
+            leases_listed: false,
         }
     }
 
@@ -218,20 +274,25 @@ impl Syncer {
         self.round_completed_ms
     }
 
-    /// Per-server `(name, last success ms)` for metrics.
+    /// Per-member `(name, last full success ms)` for metrics: the older of its two parts' last
+    /// success, `None` while either part was never learned.
     pub fn server_status(&self) -> impl Iterator<Item = (&str, Option<u64>)> {
-        self.servers
-            .iter()
-            .map(|s| (s.reference.name.as_str(), s.last_success_ms))
+        self.servers.iter().map(|s| {
+            let last = match (s.core.last_ms, s.groups.last_ms) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                _ => None,
+            };
+            (s.reference.name.as_str(), last)
+        })
     }
 
-    /// `(cluster, last success ms)` of servers that answered their last round: a passive "down"
-    /// mark older than that success is obsolete.
+    /// `(target, last answer ms)` of servers that answered their last round: a passive "down"
+    /// mark older than that answer is obsolete.
     pub fn answering_clusters(&self) -> impl Iterator<Item = (&str, u64)> {
-        self.servers
-            .iter()
-            .filter(|s| s.reachable)
-            .filter_map(|s| Some((s.reference.cluster.as_str(), s.last_success_ms?)))
+        self.servers.iter().filter(|s| s.reachable).filter_map(|s| {
+            let last = s.core.last_ms.max(s.groups.last_ms)?;
+            Some((s.reference.target(), last))
+        })
     }
 
     /// Called on every timer tick: starts a round when one is due, and ends a round whose
@@ -255,35 +316,59 @@ impl Syncer {
             return step;
         }
         self.next_round_ms = now_ms.saturating_add(self.refresh_ms);
-        // Legacy servers need a second phase of fetches, hence room for two timeouts and slack.
+        // Legacy servers (and new lease members) need a second phase of fetches, hence room for
+        // two timeouts and slack.
         self.round_deadline_ms =
             Some(now_ms.saturating_add(self.fetch_timeout_ms.saturating_mul(2).saturating_add(500)));
+        self.expire_leases(now_ms);
+        if self.leases.is_some() {
+            let local = self.servers.iter().position(|s| s.reference.local).unwrap_or(0);
+            step.fetches
+                .push(self.fetch(local, leases::LEASE_LIST_PATH.to_string(), Purpose::Leases));
+        }
         for i in 0..self.servers.len() {
-            if let Some(s) = self.servers.get_mut(i) {
-                s.work = Work::default();
-            }
-            step.fetches.push(self.fetch(i, "/api".to_string(), Purpose::ApiRoot));
-            step.fetches.push(self.fetch(i, "/apis".to_string(), Purpose::ApisRoot));
+            self.start_server(i, &mut step);
         }
         step
+    }
+
+    fn start_server(&mut self, i: usize, step: &mut Step) {
+        let Some(s) = self.servers.get_mut(i) else { return };
+        if !s.fetchable() || s.leaving {
+            return;
+        }
+        s.work = Work::default();
+        step.fetches.push(self.fetch(i, "/api".to_string(), Purpose::ApiRoot));
+        step.fetches.push(self.fetch(i, "/apis".to_string(), Purpose::ApisRoot));
     }
 
     fn fetch(&mut self, server: usize, path: String, purpose: Purpose) -> Fetch {
         let id = self.next_id;
         self.next_id += 1;
+        let accept = if purpose == Purpose::Leases {
+            "application/json"
+        } else {
+            DISCOVERY_ACCEPT
+        };
         let mut headers = vec![
             (":method".to_string(), "GET".to_string()),
             (":path".to_string(), path.clone()),
             (":authority".to_string(), self.authority.clone()),
-            ("accept".to_string(), DISCOVERY_ACCEPT.to_string()),
+            ("accept".to_string(), accept.to_string()),
             (PEER_PROXIED_HEADER.to_string(), "true".to_string()),
         ];
         headers.extend(self.extra_headers.iter().cloned());
+        let address_header = self.leases.as_ref().map(|l| l.address_header.clone());
         let cluster = match self.servers.get_mut(server) {
             Some(s) => {
-                s.work.pending += 1;
+                if purpose != Purpose::Leases {
+                    s.work.pending += 1;
+                }
                 if let Some((etag, _)) = s.cache.get(&path) {
                     headers.push(("if-none-match".to_string(), etag.clone()));
+                }
+                if let (Some(h), Some(a)) = (address_header, &s.reference.address) {
+                    headers.push((h, a.clone()));
                 }
                 s.reference.cluster.clone()
             }
@@ -303,32 +388,151 @@ impl Syncer {
             Some(s) => s.reference.name.clone(),
             None => return step,
         };
-        match self.interpret(si, &path, outcome) {
-            Ok(doc) => self.absorb(si, purpose, doc, &mut step),
-            Err((kind, detail)) => {
-                if let Some(s) = self.servers.get_mut(si) {
-                    s.work.failed = true;
-                    s.work.unreachable |= kind == "unreachable";
-                }
-                step.errors.push(SyncError {
+        if purpose == Purpose::Leases {
+            match self.interpret_leases(outcome) {
+                Ok(peers) => self.apply_leases(peers, now_ms, &mut step),
+                Err((kind, detail)) => step.errors.push(SyncError {
                     server: name,
                     kind,
                     detail: format!("{path}: {detail}"),
-                });
+                }),
             }
-        }
-        if let Some(s) = self.servers.get_mut(si) {
-            s.work.pending = s.work.pending.saturating_sub(1);
-            if s.work.pending == 0 {
-                self.dirty |= finish_server(s, now_ms);
+        } else {
+            match self.interpret(si, &path, outcome) {
+                Ok(doc) => self.absorb(si, purpose, doc, &mut step),
+                Err((kind, detail)) => {
+                    if let Some(s) = self.servers.get_mut(si) {
+                        s.work.unreachable |= kind == "unreachable";
+                    }
+                    step.errors.push(SyncError {
+                        server: name,
+                        kind,
+                        detail: format!("{path}: {detail}"),
+                    });
+                }
+            }
+            if let Some(s) = self.servers.get_mut(si) {
+                s.work.pending = s.work.pending.saturating_sub(1);
+                if s.work.pending == 0 {
+                    self.dirty |= finish_server(s, now_ms);
+                }
             }
         }
         if self.in_flight.is_empty() && self.round_deadline_ms.is_some() {
             self.round_deadline_ms = None;
             self.round_completed_ms = Some(now_ms);
+            let before = self.servers.len();
+            self.servers.retain(|s| !s.leaving);
+            self.dirty |= self.servers.len() != before;
             step.publish = self.build(now_ms);
         }
         step
+    }
+
+    fn interpret_leases(&self, outcome: Outcome) -> Result<Vec<LeasePeer>, (&'static str, String)> {
+        let Some(config) = &self.leases else {
+            return Err(("internal", "lease mode is off".into()));
+        };
+        let body = match outcome {
+            Outcome::Unreachable => return Err(("unreachable", "cannot connect".into())),
+            Outcome::NoResponse => return Err(("reset", "no response".into())),
+            Outcome::Overdue => return Err(("timeout", "no answer before the round's deadline".into())),
+            Outcome::Oversized => return Err(("oversized", format!("body larger than {} bytes", self.max_bytes))),
+            Outcome::Response { status: 200, body, .. } => body,
+            Outcome::Response { status, .. } => return Err(("http_status", format!("HTTP {status}"))),
+        };
+        let own = leases::Own {
+            hostname: config.local_hostname.clone(),
+            address: config.local_address.clone(),
+        };
+        leases::parse_lease_list(&body, &own, &config.hosts).map_err(|e| ("decode", e))
+    }
+
+    /// Applies a lease list: new live leases become members (fetched at once), a changed holder
+    /// means the server restarted (its API set is unknown again and fetched at once), and members
+    /// whose lease is gone or expired leave when the round ends.
+    fn apply_leases(&mut self, peers: Vec<LeasePeer>, now_ms: u64, step: &mut Step) {
+        let Some(config) = self.leases.clone() else { return };
+        self.dirty |= !self.leases_listed;
+        self.leases_listed = true;
+        let live: Vec<LeasePeer> = peers.into_iter().filter(|p| p.is_live(now_ms)).collect();
+        for s in self.servers.iter_mut().filter(|s| s.lease.is_some()) {
+            let id = s.lease.as_ref().map(|l| l.id.clone()).unwrap_or_default();
+            if !live.iter().any(|p| p.id == id) && !s.leaving {
+                log::info!("kube-peer-proxy: apiserver {} left (lease {id} gone)", s.reference.name);
+                s.leaving = true;
+            }
+        }
+        for p in live {
+            let existing = self
+                .servers
+                .iter()
+                .position(|s| !s.leaving && s.lease.as_ref().is_some_and(|l| l.id == p.id));
+            match existing {
+                Some(i) => {
+                    let Some(s) = self.servers.get_mut(i) else { continue };
+                    let restarted = s.lease.as_ref().is_some_and(|l| l.holder != p.holder);
+                    let moved = s.reference.address != p.address;
+                    s.lease = Some(p.clone());
+                    if restarted || moved {
+                        log::info!(
+                            "kube-peer-proxy: apiserver {} restarted; its API set is refetched",
+                            s.reference.name
+                        );
+                        s.reference.address = p.address.clone();
+                        s.core = Part::default();
+                        s.groups = Part::default();
+                        s.cache.clear();
+                        s.reachable = true;
+                        self.dirty = true;
+                        if s.work.pending == 0 {
+                            self.start_server(i, step);
+                        }
+                    }
+                }
+                None => {
+                    if self.servers.len() >= snapshot::MAX_SERVERS {
+                        log::warn!(
+                            "kube-peer-proxy: more than {} apiservers; lease {} ignored",
+                            snapshot::MAX_SERVERS,
+                            p.id
+                        );
+                        continue;
+                    }
+                    let name = if p.hostname.is_empty() {
+                        p.id.clone()
+                    } else {
+                        p.hostname.clone()
+                    };
+                    log::info!(
+                        "kube-peer-proxy: apiserver {name} joined (lease {}, address {})",
+                        p.id,
+                        p.address.as_deref().unwrap_or("unknown")
+                    );
+                    let reference = ServerRef {
+                        name,
+                        cluster: config.cluster.clone(),
+                        local: false,
+                        address: p.address.clone(),
+                    };
+                    self.servers.push(Server::new(reference, Some(p)));
+                    self.dirty = true;
+                    let i = self.servers.len().saturating_sub(1);
+                    self.start_server(i, step);
+                }
+            }
+        }
+    }
+
+    /// Members whose lease expired (renewTime + leaseDurationSeconds) leave even while the lease
+    /// list cannot be read.
+    fn expire_leases(&mut self, now_ms: u64) {
+        let before = self.servers.len();
+        self.servers
+            .retain(|s| s.lease.as_ref().is_none_or(|l| l.is_live(now_ms)) && !s.leaving);
+        if self.servers.len() != before {
+            self.dirty = true;
+        }
     }
 
     /// Turns an HTTP outcome into a parsed document (or the cached one for a 304).
@@ -383,42 +587,49 @@ impl Syncer {
         let Some(s) = self.servers.get_mut(si) else { return };
         let w = &mut s.work;
         match (purpose, doc) {
-            (Purpose::ApiRoot, Doc::Aggregated(items)) => w.core = Some(items),
-            // No core group (an aggregated API server): a change only if we had one.
-            (Purpose::ApiRoot, Doc::Absent) => {
-                if s.data.as_ref().is_none_or(|d| !d.core.is_empty()) {
-                    w.core = Some(Vec::new());
-                }
-            }
-            (Purpose::ApiRoot | Purpose::ApisRoot, Doc::Unchanged) => {}
+            (Purpose::ApiRoot, Doc::Aggregated(items)) => w.core = PartWork::Docs(items),
+            // No core group (an aggregated API server).
+            (Purpose::ApiRoot, Doc::Absent) => w.core = PartWork::Docs(Vec::new()),
+            (Purpose::ApiRoot, Doc::Unchanged) => w.core = PartWork::Unchanged,
+            (Purpose::ApisRoot, Doc::Unchanged) => w.groups = PartWork::Unchanged,
             (Purpose::ApiRoot, Doc::ApiVersions(versions)) => {
-                w.core_versions = vec![None; versions.len()];
                 for (i, v) in versions.iter().enumerate() {
                     follow.push((format!("/api/{v}"), Purpose::CoreVersion(i)));
                 }
+                w.core = PartWork::Legacy(versions.into_iter().map(|v| (String::new(), v, None)).collect());
             }
-            (Purpose::ApisRoot, Doc::Aggregated(items)) => w.groups = Some(items),
+            (Purpose::ApisRoot, Doc::Aggregated(items)) => w.groups = PartWork::Docs(items),
             (Purpose::ApisRoot, Doc::GroupList(groups)) => {
-                w.legacy_groups = groups.iter().map(|(g, vs)| (g.clone(), vec![None; vs.len()])).collect();
-                for (gi, (g, vs)) in groups.iter().enumerate() {
-                    for (vi, v) in vs.iter().enumerate() {
-                        follow.push((format!("/apis/{g}/{v}"), Purpose::GroupVersion(gi, vi)));
+                let mut walk = Vec::new();
+                for (g, vs) in groups {
+                    for v in vs {
+                        follow.push((format!("/apis/{g}/{v}"), Purpose::GroupVersion(walk.len())));
+                        walk.push((g.clone(), v, None));
+                    }
+                }
+                w.groups = PartWork::Legacy(walk);
+            }
+            (Purpose::CoreVersion(i), Doc::ResourceList(v)) => {
+                if let PartWork::Legacy(walk) = &mut w.core {
+                    if let Some((_, _, slot)) = walk.get_mut(i) {
+                        *slot = Some(v);
                     }
                 }
             }
-            (Purpose::CoreVersion(i), Doc::ResourceList(v)) => {
-                if let Some(slot) = w.core_versions.get_mut(i) {
-                    *slot = Some(v);
-                }
-            }
-            (Purpose::GroupVersion(gi, vi), Doc::ResourceList(v)) => {
-                if let Some(slot) = w.legacy_groups.get_mut(gi).and_then(|(_, vs)| vs.get_mut(vi)) {
-                    *slot = Some(v);
+            (Purpose::GroupVersion(i), Doc::ResourceList(v)) => {
+                if let PartWork::Legacy(walk) = &mut w.groups {
+                    if let Some((_, _, slot)) = walk.get_mut(i) {
+                        *slot = Some(v);
+                    }
                 }
             }
             (purpose, _) => {
                 // E.g. an aggregated list where a resource list belongs: unusable, count it.
-                w.failed = true;
+                match purpose {
+                    Purpose::ApiRoot => w.core = PartWork::Failed,
+                    Purpose::ApisRoot => w.groups = PartWork::Failed,
+                    _ => {}
+                }
                 step.errors.push(SyncError {
                     server: s.reference.name.clone(),
                     kind: "decode",
@@ -431,42 +642,58 @@ impl Syncer {
         }
     }
 
-    /// Builds the snapshot of fresh servers; returns it only when it differs from the last one.
+    /// Builds the snapshot of every member; returns it only when it differs from the last one.
     fn build(&mut self, now_ms: u64) -> Option<Publish> {
-        let fresh_servers: Vec<&Server> = ordered(&self.servers)
-            .into_iter()
-            .filter(|s| s.data.is_some())
-            .filter(|s| {
-                s.last_success_ms
-                    .is_some_and(|t| now_ms.saturating_sub(t) <= self.staleness_ms)
-            })
-            .collect();
-        let inputs: Vec<(String, bool)> = fresh_servers
-            .iter()
-            .map(|s| (s.reference.name.clone(), s.reachable))
-            .collect();
+        let staleness = self.staleness_ms;
+        let members: Vec<&Server> = ordered(&self.servers);
+        let membership_unknown = self.leases.is_some() && !self.leases_listed;
+        let inputs: BuildInputs = (
+            membership_unknown,
+            members
+                .iter()
+                .map(|s| {
+                    (
+                        s.reference.name.clone(),
+                        s.core.docs.is_some(),
+                        s.groups.docs.is_some(),
+                        s.core.fresh(now_ms, staleness),
+                        s.groups.fresh(now_ms, staleness),
+                        s.reachable,
+                    )
+                })
+                .collect(),
+        );
         if !self.dirty && self.last_built.as_ref() == Some(&inputs) {
             return None;
         }
         self.dirty = false;
         self.builds += 1;
         self.last_built = Some(inputs);
-        let fresh: Vec<(ServerRef, &ServerDiscovery)> = fresh_servers
+        let unknown: Vec<Vec<(String, String)>> = members
             .iter()
-            .filter_map(|s| s.data.as_ref().map(|d| (s.reference.clone(), d)))
+            .map(|s| s.core.unknown.iter().chain(&s.groups.unknown).cloned().collect())
             .collect();
-        let apis: Vec<&[GroupDiscovery]> = fresh.iter().map(|(_, d)| d.groups.as_slice()).collect();
-        let api: Vec<&[GroupDiscovery]> = fresh.iter().map(|(_, d)| d.core.as_slice()).collect();
+        let table_members: Vec<Member> = members
+            .iter()
+            .zip(&unknown)
+            .map(|(s, unknown)| Member {
+                server: s.reference.clone(),
+                core: s.core.docs.as_deref(),
+                groups: s.groups.docs.as_deref(),
+                unknown_versions: unknown,
+                fresh_core: s.core.fresh(now_ms, staleness),
+                fresh_groups: s.groups.fresh(now_ms, staleness),
+                reachable: s.reachable,
+            })
+            .collect();
+        let apis: Vec<&[GroupDiscovery]> = members.iter().filter_map(|s| s.groups.docs.as_deref()).collect();
+        let api: Vec<&[GroupDiscovery]> = members.iter().filter_map(|s| s.core.docs.as_deref()).collect();
         let merged_groups = merge::merge_groups(&apis);
         let merged_apis = discovery::to_v2_json(&merged_groups);
         let merged_apis_legacy = discovery::to_legacy_group_list_json(&merged_groups);
         let merged_api = discovery::to_v2_json(&merge::merge_groups(&api));
-        let mut table = Table::build(&fresh);
-        for (i, s) in fresh_servers.iter().enumerate().take(snapshot::MAX_SERVERS) {
-            if !s.reachable {
-                table.unhealthy |= 1u64 << i;
-            }
-        }
+        let mut table = Table::build_members(&table_members);
+        table.membership_unknown = membership_unknown;
         table.apis_etag = snapshot::etag(&merged_apis);
         table.api_etag = snapshot::etag(&merged_api);
         table.apis_legacy_etag = snapshot::etag(&merged_apis_legacy);
@@ -489,7 +716,7 @@ impl Syncer {
 
 /// Local server first, then peers by name: the merge's precedence and a stable table layout.
 fn ordered(servers: &[Server]) -> Vec<&Server> {
-    let mut v: Vec<&Server> = servers.iter().collect();
+    let mut v: Vec<&Server> = servers.iter().filter(|s| !s.leaving).collect();
     v.sort_by(|a, b| {
         b.reference
             .local
@@ -502,47 +729,69 @@ fn ordered(servers: &[Server]) -> Vec<&Server> {
 /// Ends a server's part of a round. Returns whether what the snapshot is built from changed.
 fn finish_server(s: &mut Server, now_ms: u64) -> bool {
     let w = std::mem::take(&mut s.work);
-    let reachability_changed = s.reachable == w.unreachable;
+    let mut changed = s.reachable == w.unreachable;
     s.reachable = !w.unreachable;
-    if w.failed {
-        return reachability_changed;
-    }
-    let mut core = w.core;
-    if !w.core_versions.is_empty() {
-        core = Some(vec![GroupDiscovery {
-            metadata: GroupMeta::default(),
-            versions: w.core_versions.into_iter().flatten().collect(),
-        }]);
-    }
-    let mut groups = w.groups;
-    if !w.legacy_groups.is_empty() {
-        groups = Some(
-            w.legacy_groups
-                .into_iter()
-                .map(|(name, versions)| GroupDiscovery {
-                    metadata: GroupMeta { name },
-                    versions: versions.into_iter().flatten().collect(),
-                })
-                .collect(),
-        );
-    }
-    // A fresh document may still say what we had (legacy servers have no ETags).
-    let old = s.data.as_ref();
-    let changed = core.as_ref().is_some_and(|c| old.is_none_or(|o| &o.core != c))
-        || groups.as_ref().is_some_and(|g| old.is_none_or(|o| &o.groups != g));
-    let (core, groups) = match (core, groups, s.data.take()) {
-        (core, groups, Some(old)) => (core.unwrap_or(old.core), groups.unwrap_or(old.groups)),
-        (Some(core), Some(groups), None) => (core, groups),
-        // A 304 for a document we no longer hold (an earlier round failed half-way): forget the
-        // ETags so the next round fetches everything again.
-        _ => {
-            s.cache.clear();
-            return reachability_changed;
+    for (part, work) in [(&mut s.core, w.core), (&mut s.groups, w.groups)] {
+        match work {
+            PartWork::Failed => {}
+            PartWork::Unchanged => {
+                if part.docs.is_some() {
+                    part.last_ms = Some(now_ms);
+                } else {
+                    // A 304 for a document we do not hold: forget the ETags so the next round
+                    // fetches everything again.
+                    s.cache.clear();
+                }
+            }
+            PartWork::Docs(docs) => {
+                changed |= part.docs.as_ref() != Some(&docs) || !part.unknown.is_empty();
+                part.docs = Some(docs);
+                part.unknown.clear();
+                part.last_ms = Some(now_ms);
+            }
+            PartWork::Legacy(walk) => {
+                let (docs, unknown) = assemble_legacy(walk, part.docs.as_deref());
+                // A fresh document may still say what we had (legacy servers have no ETags).
+                changed |= part.docs.as_ref() != Some(&docs) || part.unknown != unknown;
+                part.docs = Some(docs);
+                part.unknown = unknown;
+                part.last_ms = Some(now_ms);
+            }
         }
-    };
-    s.data = Some(ServerDiscovery { core, groups });
-    s.last_success_ms = Some(now_ms);
-    changed || reachability_changed
+    }
+    changed
+}
+
+/// Groups from a legacy walk. A group/version whose resource list failed keeps its previously
+/// learned resources, or is listed as unknown if it has none.
+fn assemble_legacy(
+    walk: Vec<(String, String, Option<VersionDiscovery>)>,
+    old: Option<&[GroupDiscovery]>,
+) -> (Vec<GroupDiscovery>, Vec<(String, String)>) {
+    let mut groups: Vec<GroupDiscovery> = Vec::new();
+    let mut unknown = Vec::new();
+    for (g, v, slot) in walk {
+        let version = slot.or_else(|| {
+            old?.iter()
+                .find(|og| og.metadata.name == g)?
+                .versions
+                .iter()
+                .find(|ov| ov.version == v)
+                .cloned()
+        });
+        let Some(version) = version else {
+            unknown.push((g, v));
+            continue;
+        };
+        match groups.last_mut() {
+            Some(last) if last.metadata.name == g => last.versions.push(version),
+            _ => groups.push(GroupDiscovery {
+                metadata: GroupMeta { name: g },
+                versions: vec![version],
+            }),
+        }
+    }
+    (groups, unknown)
 }
 
 fn parse_doc(path: &str, content_type: &str, body: &[u8]) -> Result<Doc, String> {

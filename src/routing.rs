@@ -1,6 +1,8 @@
-//! The routing decision, in the order of upstream `peerproxy_handler.go` `WrapHandler` plus the
-//! differences we choose on purpose (503 before the first snapshot instead of a possible false
-//! 404, subresource-aware routing, peer-aggregated `/api`, forwarding per-group discovery).
+//! The routing decision, in the order of upstream `peerproxy_handler.go` `WrapHandler`
+//! (`staging/src/k8s.io/apiserver/pkg/util/peerproxy/peerproxy_handler.go`) plus the differences we
+//! choose on purpose: membership separate from freshness, the local server first with its
+//! type-404 guarded while a 404 might be false, subresource-aware routing, peer-aggregated `/api`,
+//! and forwarding per-group discovery.
 
 use crate::accept::{self, DiscoveryChoice};
 use crate::request_info::{self, NonResource, RequestKind};
@@ -38,13 +40,17 @@ pub struct Gvr {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
-    /// Let the request continue to the local apiserver.
+    /// Let the request continue to the local apiserver; its answer stands.
     Local(LocalReason),
-    /// Send to `servers[index]` of the table.
+    /// Let the request continue to the local apiserver, but a 404 meaning "this resource type is
+    /// not served here" (see [`crate::not_found`]) becomes a 503: a peer is known to serve it, or
+    /// some member's API set is unknown, so that 404 might be false.
+    Guarded { reason: LocalReason, gvr: Gvr },
+    /// Send to `servers[index]` of the table (its type-404 is guarded the same way: the table said
+    /// it serves the resource).
     Peer { index: usize, gvr: Gvr },
-    /// No snapshot yet: 503 with Retry-After.
-    NotReady,
-    /// Only unreachable peers serve it: 503 with Retry-After rather than a false 404.
+    /// Only unreachable members, or members whose data is stale, serve it: 503 with Retry-After
+    /// rather than a false 404.
     Unavailable { gvr: Gvr },
     /// Answer with the merged discovery document.
     Merged(MergedDoc),
@@ -59,6 +65,8 @@ pub enum LocalReason {
     ServedLocally,
     NotServedAnywhere,
     LocalDiscovery,
+    /// No snapshot yet: nothing is known, so the local server answers and its type-404s are guarded.
+    NoSnapshot,
 }
 
 /// Decides where a request goes. `pick(n)` returns a uniformly random index below `n`.
@@ -73,6 +81,18 @@ pub fn decide(
 
 /// [`decide`] with passive health: `is_down(i)` says whether a request to `servers[i]` just failed
 /// to connect. It is asked only about peers that serve the request, so the common paths cost nothing.
+///
+/// The order (local first, the 404 guarded):
+/// 1. `x-kubernetes-peer-proxied: true` → local (loop prevention);
+/// 2. merged discovery → the merged document, if the local server's own part is known (else the
+///    local answer: discovery trouble never fails closed);
+/// 3. the local server is known to serve it and answers discovery → local, guarded if a peer serves
+///    it too or some member's API set is unknown;
+/// 4. a fresh, reachable peer serves it → that peer (a random one of them);
+/// 5. the local server is known to serve it (but did not answer its last round) → local, guarded;
+/// 6. only unreachable or stale members serve it → 503;
+/// 7. nobody is known to serve it → local, guarded while some member's API set is unknown (else its
+///    404 is genuine).
 pub fn decide_with(
     req: &RequestFacts,
     table: Option<&Table>,
@@ -85,9 +105,6 @@ pub fn decide_with(
     if req.peer_proxied.is_some_and(|v| v == "true") {
         return Decision::Local(LocalReason::AlreadyProxied);
     }
-    // A snapshot in which no server has answered yet (or all have gone stale) knows nothing:
-    // routing on it would turn every peer-only resource into a false 404.
-    let table = table.filter(|t| !t.servers.is_empty());
     let kind = request_info::parse(req.method, req.path);
     let is_get = req.method.eq_ignore_ascii_case("GET");
     let (local_key, fallback_key, gvr) = match &kind {
@@ -105,8 +122,18 @@ pub fn decide_with(
                     (_, DiscoveryChoice::Merged) => MergedDoc::Apis,
                     (_, DiscoveryChoice::MergedLegacy) => MergedDoc::ApisLegacy,
                 };
-                if table.is_none() {
-                    return Decision::NotReady;
+                // The merged document replaces the local answer only if it contains the local
+                // server's own part; otherwise the local answer is the better one.
+                let local_known = table.is_some_and(|t| {
+                    let known = if doc == MergedDoc::Api {
+                        t.known_core
+                    } else {
+                        t.known_groups
+                    };
+                    t.local_mask() & known != 0
+                });
+                if !local_known {
+                    return Decision::Local(LocalReason::LocalDiscovery);
                 }
                 return Decision::Merged(doc);
             }
@@ -131,40 +158,46 @@ pub fn decide_with(
         }
     };
     let Some(table) = table else {
-        return Decision::NotReady;
+        return Decision::Guarded {
+            reason: LocalReason::NoSnapshot,
+            gvr,
+        };
     };
     let local = table.local_mask();
-    // The local server's data is trusted only while it answers discovery: right after it restarts
-    // (perhaps as another version) its old data may claim resources it no longer serves.
-    let local_trusted = local & !table.unhealthy;
-    for key in std::iter::once(&local_key).chain(fallback_key.as_ref()) {
+    let incomplete = table.incomplete(&gvr.group, &gvr.version);
+    let guarded = |reason, peers_serve: bool, gvr: Gvr| {
+        if peers_serve || incomplete {
+            Decision::Guarded { reason, gvr }
+        } else {
+            Decision::Local(reason)
+        }
+    };
+    let routable = table.fresh(&gvr.group) & !local & !table.unhealthy;
+    for (nth, key) in std::iter::once(&local_key).chain(fallback_key.as_ref()).enumerate() {
         let servers = table.servers_for(key);
         if servers == 0 {
             continue;
         }
-        if servers & local_trusted != 0 {
-            return Decision::Local(LocalReason::ServedLocally);
+        // On the parent of a subresource nobody serves, a 404 is about that subresource: peers
+        // serving the parent do not make it false.
+        let peers_serve = nth == 0 && servers & !local != 0;
+        // The local server's data is trusted only while it answers discovery: right after it
+        // restarts (perhaps as another version) its old data may claim resources it no longer serves.
+        if servers & local & !table.unhealthy != 0 {
+            return guarded(LocalReason::ServedLocally, peers_serve, gvr);
         }
-        let healthy: Vec<usize> = bits(servers & !local & !table.unhealthy)
-            .filter(|i| !is_down(*i))
-            .collect();
+        let healthy: Vec<usize> = bits(servers & routable).filter(|i| !is_down(*i)).collect();
         if let Some(nth) = healthy.len().checked_sub(1).map(|last| pick(healthy.len()).min(last)) {
             let index = healthy.get(nth).copied().unwrap_or(0);
             return Decision::Peer { index, gvr };
         }
         if servers & local != 0 {
-            return Decision::Local(LocalReason::ServedLocally);
+            return guarded(LocalReason::ServedLocally, peers_serve, gvr);
         }
         return Decision::Unavailable { gvr };
     }
-    // Nobody is known to serve it. While some server cannot be asked, its API set may have changed
-    // (e.g. it is being upgraded): a 503 the client retries, not a 404 it believes.
-    if table.unhealthy != 0 {
-        return Decision::Unavailable { gvr };
-    }
-    Decision::Local(LocalReason::NotServedAnywhere)
+    guarded(LocalReason::NotServedAnywhere, false, gvr)
 }
-
 fn bits(mask: u64) -> impl Iterator<Item = usize> {
     (0..64usize).filter(move |i| mask & (1u64 << i) != 0)
 }

@@ -1,4 +1,6 @@
-//! The serving table: which fresh server serves which group/version/resource[/subresource].
+//! The serving table: which member server was last seen to serve which
+//! group/version/resource[/subresource], and how much of each member's API set is known, fresh and
+//! reachable (membership is separate from freshness: a member never leaves because it is down).
 //!
 //! The discovery service builds it once per change and publishes it to Envoy shared data; each
 //! filter VM decodes it only when the generation changes, so the per-request cost is one hash
@@ -17,10 +19,11 @@ pub const KEY_MERGED_APIS: &str = "kube-peer-proxy.v1/merged/apis";
 pub const KEY_MERGED_API: &str = "kube-peer-proxy.v1/merged/api";
 pub const KEY_MERGED_APIS_LEGACY: &str = "kube-peer-proxy.v1/merged/apis-legacy";
 
-/// Passive health: a filter that could not connect to a peer's cluster writes the time (ms) here;
-/// the discovery service clears it (writes `0`) when that peer answers a discovery round again.
-pub fn down_key(cluster: &str) -> String {
-    format!("kube-peer-proxy.v1/down/{cluster}")
+/// Passive health: a filter that could not connect to a peer writes the time (ms) here; the
+/// discovery service clears it (writes `0`) when that peer answers a discovery round again. `target`
+/// is [`ServerRef::target`]: the cluster, or the address of a peer learned from a lease.
+pub fn down_key(target: &str) -> String {
+    format!("kube-peer-proxy.v1/down/{target}")
 }
 
 /// At most this many servers fit in a table (one bit each).
@@ -31,6 +34,33 @@ pub struct ServerRef {
     pub name: String,
     pub cluster: String,
     pub local: bool,
+    /// `ip:port` of a peer learned from an identity lease, reached through the one address-picked
+    /// (`ORIGINAL_DST`) cluster; `None` for configured servers, which have a cluster each.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+}
+
+impl ServerRef {
+    /// What identifies where requests to this server go: its address if it has one, else its cluster.
+    pub fn target(&self) -> &str {
+        self.address.as_deref().unwrap_or(&self.cluster)
+    }
+}
+
+/// One member's state as the table is built from it.
+#[derive(Debug, Clone)]
+pub struct Member<'a> {
+    pub server: ServerRef,
+    /// `/api`'s groups as last learned; `None` if never learned.
+    pub core: Option<&'a [GroupDiscovery]>,
+    /// `/apis`'s groups as last learned; `None` if never learned.
+    pub groups: Option<&'a [GroupDiscovery]>,
+    /// Group/versions a legacy walk listed but whose resources were never learned.
+    pub unknown_versions: &'a [(String, String)],
+    pub fresh_core: bool,
+    pub fresh_groups: bool,
+    /// Whether its last discovery round could connect.
+    pub reachable: bool,
 }
 
 /// One server's discovery, as last fetched successfully.
@@ -42,19 +72,35 @@ pub struct ServerDiscovery {
     pub groups: Vec<GroupDiscovery>,
 }
 
-/// The decoded table a filter routes with.
+/// The decoded table a filter routes with. Bit sets are indexed like `servers`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Table {
     pub generation: u64,
     /// When the discovery service built it (ms since the epoch); exported as snapshot age.
     pub built_ms: u64,
+    /// Every member, whether or not its API set is known.
     pub servers: Vec<ServerRef>,
-    /// Key (see [`resource_key`] and friends) → bit set of server indices.
+    /// Key (see [`resource_key`] and friends) → members last seen to serve it, however long ago.
+    /// `u/<g>/<v>` and `u/<g>` keys ([`unknown_key`]) list members whose resources there are unknown.
     pub keys: HashMap<String, u64>,
-    /// Servers (bit set) whose last discovery fetch could not reach them: still known to serve
-    /// their resources (so those are never a false 404), but not routed to.
+    /// Members whose `/api` (core group) has been learned at least once.
+    #[serde(default)]
+    pub known_core: u64,
+    /// Members whose `/apis` has been learned at least once.
+    #[serde(default)]
+    pub known_groups: u64,
+    /// Members whose `/api` data is within `staleness_limit` (only these are routed to).
+    #[serde(default)]
+    pub fresh_core: u64,
+    #[serde(default)]
+    pub fresh_groups: u64,
+    /// Members whose last discovery round could not connect: still known to serve their resources
+    /// (so those are never a false 404), but not routed to.
     #[serde(default)]
     pub unhealthy: u64,
+    /// Lease mode before the first lease list: there may be members nobody knows of yet.
+    #[serde(default)]
+    pub membership_unknown: bool,
     pub apis_etag: String,
     pub api_etag: String,
     #[serde(default)]
@@ -77,37 +123,118 @@ pub fn group_key(group: &str) -> String {
     format!("g/{group}")
 }
 
+/// Members whose resources in `group` (and `version`, if not empty) are unknown.
+pub fn unknown_key(group: &str, version: &str) -> String {
+    if version.is_empty() {
+        format!("u/{group}")
+    } else {
+        format!("u/{group}/{version}")
+    }
+}
+
+fn bit(i: usize) -> u64 {
+    1u64.checked_shl(u32::try_from(i).unwrap_or(u32::MAX)).unwrap_or(0)
+}
+
 impl Table {
-    /// Builds the table from the fresh servers, in the order given (local first by convention).
+    /// Builds the table from servers whose data is all known, fresh and reachable, in the order
+    /// given (local first by convention). Tests and benchmarks use it; the syncer uses [`Table::build_members`].
     pub fn build(servers: &[(ServerRef, &ServerDiscovery)]) -> Table {
+        let members: Vec<Member> = servers
+            .iter()
+            .map(|(s, d)| Member {
+                server: s.clone(),
+                core: Some(&d.core),
+                groups: Some(&d.groups),
+                unknown_versions: &[],
+                fresh_core: true,
+                fresh_groups: true,
+                reachable: true,
+            })
+            .collect();
+        Table::build_members(&members)
+    }
+
+    /// Builds the table from every member, in the order given.
+    pub fn build_members(members: &[Member]) -> Table {
         let mut keys: BTreeMap<String, u64> = BTreeMap::new();
-        for (i, (_, disc)) in servers.iter().enumerate().take(MAX_SERVERS) {
-            let bit = 1u64 << i;
-            for g in disc.core.iter().chain(disc.groups.iter()) {
-                let group = g.metadata.name.as_str();
-                for v in g.versions.iter().filter(|v| !v.is_stale()) {
-                    *keys.entry(group_key(group)).or_default() |= bit;
-                    *keys.entry(version_key(group, &v.version)).or_default() |= bit;
-                    for r in &v.resources {
-                        *keys.entry(resource_key(group, &v.version, &r.resource)).or_default() |= bit;
-                        for s in &r.subresources {
-                            let k = subresource_key(group, &v.version, &r.resource, &s.subresource);
-                            *keys.entry(k).or_default() |= bit;
+        let mut t = Table::default();
+        for (i, m) in members.iter().enumerate().take(MAX_SERVERS) {
+            let bit = bit(i);
+            let parts = [
+                (m.core, &mut t.known_core, &mut t.fresh_core, m.fresh_core),
+                (m.groups, &mut t.known_groups, &mut t.fresh_groups, m.fresh_groups),
+            ];
+            for (docs, known, fresh, is_fresh) in parts {
+                let Some(docs) = docs else { continue };
+                *known |= bit;
+                if is_fresh {
+                    *fresh |= bit;
+                }
+                for g in docs {
+                    let group = g.metadata.name.as_str();
+                    for v in g.versions.iter().filter(|v| !v.is_stale()) {
+                        *keys.entry(group_key(group)).or_default() |= bit;
+                        *keys.entry(version_key(group, &v.version)).or_default() |= bit;
+                        for r in &v.resources {
+                            *keys.entry(resource_key(group, &v.version, &r.resource)).or_default() |= bit;
+                            for s in &r.subresources {
+                                let k = subresource_key(group, &v.version, &r.resource, &s.subresource);
+                                *keys.entry(k).or_default() |= bit;
+                            }
                         }
                     }
                 }
             }
+            for (g, v) in m.unknown_versions {
+                *keys.entry(unknown_key(g, v)).or_default() |= bit;
+                *keys.entry(unknown_key(g, "")).or_default() |= bit;
+                // Listed by the group list, so the member serves the group/version itself.
+                *keys.entry(group_key(g)).or_default() |= bit;
+                *keys.entry(version_key(g, v)).or_default() |= bit;
+            }
+            if !m.reachable {
+                t.unhealthy |= bit;
+            }
         }
-        Table {
-            generation: 0,
-            built_ms: 0,
-            servers: servers.iter().take(MAX_SERVERS).map(|(s, _)| s.clone()).collect(),
-            keys: keys.into_iter().collect(),
-            unhealthy: 0,
-            apis_etag: String::new(),
-            api_etag: String::new(),
-            apis_legacy_etag: String::new(),
+        t.servers = members.iter().take(MAX_SERVERS).map(|m| m.server.clone()).collect();
+        t.keys = keys.into_iter().collect();
+        t
+    }
+
+    /// Every member (bit set).
+    pub fn members(&self) -> u64 {
+        match self.servers.len() {
+            n if n >= 64 => u64::MAX,
+            n => bit(n).wrapping_sub(1),
         }
+    }
+
+    /// Members whose API set for `group` (`""` is the core group) is learned.
+    pub fn known(&self, group: &str) -> u64 {
+        if group.is_empty() {
+            self.known_core
+        } else {
+            self.known_groups
+        }
+    }
+
+    /// Members whose data for `group` is within the staleness limit.
+    pub fn fresh(&self, group: &str) -> u64 {
+        if group.is_empty() {
+            self.fresh_core
+        } else {
+            self.fresh_groups
+        }
+    }
+
+    /// Whether some member's resources in `group`/`version` (`version` may be empty) are unknown,
+    /// so a 404 there might be false.
+    pub fn incomplete(&self, group: &str, version: &str) -> bool {
+        self.membership_unknown
+            || self.servers.is_empty()
+            || self.members() & !self.known(group) != 0
+            || self.servers_for(&unknown_key(group, version)) != 0
     }
 
     /// Servers (bit set) that serve `key`; 0 when nobody does.
@@ -115,13 +242,9 @@ impl Table {
         self.keys.get(key).copied().unwrap_or(0)
     }
 
-    /// Bit of the local server, or 0 if the local server has no fresh data.
+    /// Bit of the local server (0 if it is not a member, which only hand-built tables do).
     pub fn local_mask(&self) -> u64 {
-        self.servers
-            .iter()
-            .position(|s| s.local)
-            .map(|i| 1u64 << i)
-            .unwrap_or(0)
+        self.servers.iter().position(|s| s.local).map(bit).unwrap_or(0)
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -132,7 +255,12 @@ impl Table {
             built_ms: u64,
             servers: &'a [ServerRef],
             keys: BTreeMap<&'a str, u64>,
+            known_core: u64,
+            known_groups: u64,
+            fresh_core: u64,
+            fresh_groups: u64,
             unhealthy: u64,
+            membership_unknown: bool,
             apis_etag: &'a str,
             api_etag: &'a str,
             apis_legacy_etag: &'a str,
@@ -142,7 +270,12 @@ impl Table {
             built_ms: self.built_ms,
             servers: &self.servers,
             keys: self.keys.iter().map(|(k, v)| (k.as_str(), *v)).collect(),
+            known_core: self.known_core,
+            known_groups: self.known_groups,
+            fresh_core: self.fresh_core,
+            fresh_groups: self.fresh_groups,
             unhealthy: self.unhealthy,
+            membership_unknown: self.membership_unknown,
             apis_etag: &self.apis_etag,
             api_etag: &self.api_etag,
             apis_legacy_etag: &self.apis_legacy_etag,

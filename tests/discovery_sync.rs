@@ -244,6 +244,18 @@ fn to(index: usize, g: &str, v: &str, r: &str) -> Decision {
     }
 }
 
+/// Local, with a "type not served here" 404 guarded (a peer serves it too, or the picture is incomplete).
+fn guarded(reason: LocalReason, g: &str, v: &str, r: &str) -> Decision {
+    Decision::Guarded {
+        reason,
+        gvr: Gvr {
+            group: g.into(),
+            version: v.into(),
+            resource: r.into(),
+        },
+    }
+}
+
 const PEER_B: usize = 1;
 const PEER_C: usize = 2;
 
@@ -329,10 +341,10 @@ fn completed_round_publishes_a_routable_snapshot() {
     }
     let rows = [
         R {
-            name: "core pods local",
+            name: "core pods local (peers serve them too: 404 guarded)",
             method: "GET",
             path: "/api/v1/namespaces/a/pods",
-            want: Decision::Local(ServedLocally),
+            want: guarded(ServedLocally, "", "v1", "pods"),
         },
         R {
             name: "pods/resize only on peer-b",
@@ -341,10 +353,10 @@ fn completed_round_publishes_a_routable_snapshot() {
             want: to(PEER_B, "", "v1", "pods"),
         },
         R {
-            name: "apps local",
+            name: "apps local (peers serve them too: 404 guarded)",
             method: "GET",
             path: "/apis/apps/v1/deployments",
-            want: Decision::Local(ServedLocally),
+            want: guarded(ServedLocally, "apps", "v1", "deployments"),
         },
         R {
             name: "resource.k8s.io/v1 only on peer-b",
@@ -611,11 +623,13 @@ fn api_404_is_tolerated() {
         route(&p.table, "GET", "/apis/resource.k8s.io/v1/resourceclaims"),
         to(PEER_B, "resource.k8s.io", "v1", "resourceclaims")
     );
+    // Its core group is known to be empty: pods/resize is served by nobody, pods by local and peer-c.
     assert_eq!(
         route(&p.table, "GET", "/api/v1/namespaces/a/pods/p/resize"),
-        Decision::Local(LocalReason::ServedLocally)
+        guarded(LocalReason::ServedLocally, "", "v1", "pods")
     );
     assert_eq!(p.table.servers_for(&resource_key("", "v1", "pods")), 0b101);
+    assert_eq!(p.table.known_core, 0b111, "an empty core group is known");
     // The same 404 next round (and 304s elsewhere) is no change: no rebuild, no new snapshot.
     assert_eq!(s.builds(), 1);
     let again = round(&mut s, &fake, 1000);
@@ -632,9 +646,10 @@ fn api_404_is_tolerated() {
     assert_eq!(r.error_kinds(), [("peer-b", "http_status")]);
     let p = r.publish.expect("snapshot");
     assert_eq!(
-        p.table.servers.iter().map(|x| x.name.as_str()).collect::<Vec<_>>(),
-        ["local", "peer-c"]
+        p.table.known_groups, 0b101,
+        "peer-b's /apis is unknown, its /api counts"
     );
+    assert_eq!(p.table.known_core, 0b111);
 }
 
 fn response(status: u16, content_type: &str, body: &[u8]) -> Option<Outcome> {
@@ -798,7 +813,7 @@ fn failures_keep_last_good_data_until_the_staleness_limit() {
             // What the local server serves is unaffected.
             assert_eq!(
                 route(&current, "GET", "/apis/apps/v1/deployments"),
-                Decision::Local(LocalReason::ServedLocally)
+                guarded(LocalReason::ServedLocally, "apps", "v1", "deployments")
             );
         }
         let generation = s.generation();
@@ -810,30 +825,48 @@ fn failures_keep_last_good_data_until_the_staleness_limit() {
         assert_eq!(answering.get("local"), Some(&3000), "{}", row.desc);
         assert_eq!(!answering.contains_key("peer-b"), row.unreachable, "{}", row.desc);
 
-        // Past the limit the next round's snapshot drops peer-b.
+        // Past the limit peer-b stays a member and what it was last seen to serve still counts,
+        // but the failing part is stale: not routed to, so what only it serves gets a 503.
         let r = round(&mut s, &bad, 4000);
         assert_eq!(r.error_kinds(), [("peer-b", row.kind)], "{}", row.desc);
-        let p = r.publish.expect("snapshot without peer-b");
+        let p = r.publish.expect("snapshot with peer-b stale");
         assert_eq!(p.table.generation, generation + 1, "{}", row.desc);
+        assert_eq!(p.table.servers, t1.servers, "{}: membership does not end", row.desc);
+        assert_eq!(p.table.keys, t1.keys, "{}: last-known data is kept", row.desc);
         assert_eq!(
-            p.table.servers.iter().map(|x| x.name.as_str()).collect::<Vec<_>>(),
-            ["local", "peer-c"],
+            p.table.unhealthy,
+            if row.unreachable { 1 << PEER_B } else { 0 },
             "{}",
             row.desc
         );
-        assert_eq!(p.table.unhealthy, 0, "{}", row.desc);
+        let groups_stale = row.path == "/apis";
+        assert_eq!(p.table.fresh_groups & (1 << PEER_B) == 0, groups_stale, "{}", row.desc);
+        assert_eq!(p.table.fresh_core & (1 << PEER_B) == 0, !groups_stale, "{}", row.desc);
+        let want = if row.unreachable || groups_stale {
+            Decision::Unavailable { gvr: claims() }
+        } else {
+            // Only /api fails: its /apis part is fresh and still routes.
+            to(PEER_B, "resource.k8s.io", "v1", "resourceclaims")
+        };
         assert_eq!(
             route(&p.table, "GET", "/apis/resource.k8s.io/v1/resourceclaims"),
+            want,
+            "{}",
+            row.desc
+        );
+        // A resource nobody serves is a genuine 404: every member's API set is known.
+        assert_eq!(
+            route(&p.table, "GET", "/apis/nope.io/v1/things"),
             Decision::Local(LocalReason::NotServedAnywhere),
             "{}",
             row.desc
         );
         assert_eq!(
             route(&p.table, "GET", "/apis/widgets.example.com/v1/widgets"),
-            to(1, "widgets.example.com", "v1", "widgets")
+            to(PEER_C, "widgets.example.com", "v1", "widgets")
         );
         let merged: serde_json::Value = serde_json::from_slice(&p.merged_apis).expect("json");
-        assert!(!json_gvrs(&merged).contains(&(
+        assert!(json_gvrs(&merged).contains(&(
             "lifecycle.k8s.io".into(),
             "v1alpha1".into(),
             "evictionrequests".into()
@@ -886,7 +919,9 @@ fn not_modified_without_a_cached_document_is_an_error() {
     let e = r.errors.first().expect("error");
     assert!(e.detail.contains("304"), "{:?}", e.detail);
     let p = r.publish.expect("snapshot");
-    assert!(p.table.servers.iter().all(|x| x.name != "peer-b"));
+    assert_eq!(p.table.servers.len(), 3, "peer-b is a member");
+    assert_eq!(p.table.known_groups & (1 << PEER_B), 0, "whose /apis is unknown");
+    assert_ne!(p.table.known_core & (1 << PEER_B), 0, "and whose /api is known");
 }
 
 #[test]
@@ -902,7 +937,9 @@ fn a_document_of_the_wrong_type_for_its_path_is_a_decode_error() {
     let r = round(&mut s, &fake, 0);
     assert_eq!(r.error_kinds(), [("peer-b", "decode")]);
     let p = r.publish.expect("snapshot");
-    assert!(p.table.servers.iter().all(|x| x.name != "peer-b"));
+    assert_eq!(p.table.known_groups & (1 << PEER_B), 0, "peer-b's /apis is unknown");
+    assert!(p.table.incomplete("apps", "v1"));
+    assert!(!p.table.incomplete("", "v1"));
 }
 
 #[test]
@@ -919,14 +956,51 @@ fn failing_legacy_follow_up_keeps_the_old_data() {
     );
     let r = round(&mut s, &bad, 1000);
     assert_eq!(r.error_kinds(), [("peer-c", "http_status")]);
-    assert!(r.publish.is_none());
+    assert!(
+        r.publish.is_none(),
+        "the old resources of that group/version are kept: no change"
+    );
     let r = round(&mut s, &bad, 4000);
-    let p = r.publish.expect("dropped");
-    assert!(p.table.servers.iter().all(|x| x.name != "peer-c"));
+    assert!(
+        r.publish.is_none(),
+        "the rest of the walk answers: the part stays fresh"
+    );
+    let t = first.publish.expect("first").table;
+    assert_eq!(
+        route(&t, "GET", "/apis/widgets.example.com/v1beta1/gadgets"),
+        to(PEER_C, "widgets.example.com", "v1beta1", "gadgets")
+    );
+
+    // A follow-up that fails from the start: only that group/version is unknown.
+    let mut s = Syncer::new(&config());
+    let r = round(&mut s, &bad, 0);
+    assert_eq!(r.error_kinds(), [("peer-c", "http_status")]);
+    let t = r.publish.expect("snapshot").table;
+    assert!(t.incomplete("widgets.example.com", "v1beta1"));
+    assert!(!t.incomplete("widgets.example.com", "v1"));
+    assert!(!t.incomplete("apps", "v1"));
+    assert_eq!(
+        route(&t, "GET", "/apis/widgets.example.com/v1beta1/gadgets"),
+        guarded(
+            LocalReason::NotServedAnywhere,
+            "widgets.example.com",
+            "v1beta1",
+            "gadgets"
+        )
+    );
+    assert_eq!(
+        route(&t, "GET", "/apis/widgets.example.com/v1beta1"),
+        to(PEER_C, "widgets.example.com", "v1beta1", ""),
+        "the group list says peer-c serves the group/version itself"
+    );
+    assert_eq!(
+        route(&t, "GET", "/apis/widgets.example.com/v1/widgets"),
+        to(PEER_C, "widgets.example.com", "v1", "widgets")
+    );
 }
 
 #[test]
-fn a_server_that_never_succeeded_is_not_in_the_snapshot() {
+fn a_member_that_never_answered_is_unknown() {
     let mut s = Syncer::new(&config());
     let mut fake = fake();
     fake.set("peer-b", "/api", Some(Outcome::NoResponse));
@@ -935,7 +1009,17 @@ fn a_server_that_never_succeeded_is_not_in_the_snapshot() {
     let p = r.publish.expect("snapshot");
     assert_eq!(
         p.table.servers.iter().map(|x| x.name.as_str()).collect::<Vec<_>>(),
-        ["local", "peer-c"]
+        ["local", "peer-b", "peer-c"]
+    );
+    assert_eq!(p.table.known_core, 0b101, "peer-b's /api is unknown");
+    assert_eq!(p.table.known_groups, 0b111, "its /apis counts");
+    assert_eq!(
+        route(&p.table, "GET", "/api/v1/nosuchthings"),
+        guarded(LocalReason::NotServedAnywhere, "", "v1", "nosuchthings")
+    );
+    assert_eq!(
+        route(&p.table, "GET", "/apis/resource.k8s.io/v1/resourceclaims"),
+        to(PEER_B, "resource.k8s.io", "v1", "resourceclaims")
     );
     let status: HashMap<&str, Option<u64>> = s.server_status().collect();
     assert_eq!(status.get("peer-b"), Some(&None));
@@ -972,9 +1056,11 @@ fn unanswered_round_ends_at_the_deadline() {
             ("peer-c", "timeout")
         ]
     );
-    // The round ends (a snapshot with nobody in it) and a new round starts right away.
+    // The round ends (a snapshot of members with nothing known) and a new round starts right away.
     let p = step.publish.expect("round end");
-    assert!(p.table.servers.is_empty());
+    assert_eq!(p.table.servers.len(), 3);
+    assert_eq!((p.table.known_core, p.table.known_groups), (0, 0));
+    assert!(p.table.keys.is_empty());
     assert_eq!(step.fetches.len(), 6);
     assert_eq!(s.round_completed_ms(), Some(1_000_000_000));
 
@@ -1002,10 +1088,8 @@ fn partially_answered_round_ends_at_the_deadline() {
     let kinds: Vec<(&str, &str)> = step.errors.iter().map(|e| (e.server.as_str(), e.kind)).collect();
     assert_eq!(kinds, [("peer-b", "timeout")]);
     let p = step.publish.expect("snapshot");
-    assert_eq!(
-        p.table.servers.iter().map(|x| x.name.as_str()).collect::<Vec<_>>(),
-        ["local", "peer-c"]
-    );
+    assert_eq!(p.table.servers.len(), 3);
+    assert_eq!(p.table.known_groups, 0b101, "peer-b's /apis never answered");
     assert_eq!(p.table.built_ms, 2500);
     assert_eq!(step.fetches.len(), 6, "next round is due (started at 0, refresh 1s)");
 }
@@ -1122,7 +1206,7 @@ fn local_first_then_peers_by_name_in_the_merge() {
     );
     assert_eq!(
         route(&p.table, "GET", "/apis/x.io/v1/things"),
-        Decision::Local(LocalReason::ServedLocally)
+        guarded(LocalReason::ServedLocally, "x.io", "v1", "things")
     );
 }
 

@@ -17,76 +17,35 @@ const PEER_C: usize = 2;
 
 /// Server 0: local (old), 1: peer-b (new), 2: peer-c (new).
 fn table() -> Table {
-    let local = ServerDiscovery {
-        core: vec![group(
-            "",
-            vec![ver(
-                "v1",
-                vec![res("pods", &["status", "exec", "log"]), res("configmaps", &[])],
-            )],
-        )],
-        groups: vec![
-            group("apps", vec![ver("v1", vec![res("deployments", &["scale", "status"])])]),
-            group(
-                "resource.k8s.io",
-                vec![ver("v1beta1", vec![res("resourceclaims", &["status"])])],
-            ),
-        ],
-    };
-    let peer_b = ServerDiscovery {
-        core: vec![group(
-            "",
-            vec![ver("v1", vec![res("pods", &["status", "exec", "log", "resize"])])],
-        )],
-        groups: vec![
-            group("apps", vec![ver("v1", vec![res("deployments", &["scale", "status"])])]),
-            group(
-                "resource.k8s.io",
-                vec![
-                    ver("v1", vec![res("resourceclaims", &["status"])]),
-                    ver("v1beta1", vec![res("resourceclaims", &["status"])]),
-                ],
-            ),
-            group(
-                "lifecycle.k8s.io",
-                vec![ver("v1alpha1", vec![res("evictionrequests", &[])])],
-            ),
-        ],
-    };
-    let peer_c = ServerDiscovery {
-        core: vec![group("", vec![ver("v1", vec![res("pods", &["status"])])])],
-        groups: vec![
-            group(
-                "resource.k8s.io",
-                vec![ver("v1", vec![res("resourceclaims", &["status"])])],
-            ),
-            group("only-c.example.com", vec![ver("v1", vec![res("widgets", &["scale"])])]),
-        ],
-    };
+    let docs = table_docs();
+    let (local, peer_b, peer_c) = (&docs[0], &docs[1], &docs[2]);
     let mut t = Table::build(&[
         (
             ServerRef {
                 name: "local".into(),
                 cluster: "local".into(),
                 local: true,
+                address: None,
             },
-            &local,
+            local,
         ),
         (
             ServerRef {
                 name: "peer-b".into(),
                 cluster: "peer-b".into(),
                 local: false,
+                address: None,
             },
-            &peer_b,
+            peer_b,
         ),
         (
             ServerRef {
                 name: "peer-c".into(),
                 cluster: "peer-c".into(),
                 local: false,
+                address: None,
             },
-            &peer_c,
+            peer_c,
         ),
     ]);
     t.generation = 1;
@@ -98,6 +57,14 @@ fn gvr(g: &str, v: &str, r: &str) -> Gvr {
         group: g.into(),
         version: v.into(),
         resource: r.into(),
+    }
+}
+
+/// Local, with a "type not served here" 404 turned into a 503.
+fn guarded(reason: LocalReason, g: &str, v: &str, r: &str) -> Decision {
+    Decision::Guarded {
+        reason,
+        gvr: gvr(g, v, r),
     }
 }
 
@@ -137,7 +104,7 @@ impl Default for Row {
 
 #[test]
 fn decision_table() {
-    use Decision::{Local, Merged, NotReady};
+    use Decision::{Local, Merged};
     use LocalReason::*;
     let rows = vec![
         // Loop prevention.
@@ -191,7 +158,7 @@ fn decision_table() {
             name: "no snapshot, resource request",
             path: "/api/v1/namespaces/ns1/pods",
             table: false,
-            want: NotReady,
+            want: guarded(NoSnapshot, "", "v1", "pods"),
             ..Default::default()
         },
         Row {
@@ -199,7 +166,7 @@ fn decision_table() {
             method: "POST",
             path: "/apis/apps/v1/namespaces/ns1/deployments",
             table: false,
-            want: NotReady,
+            want: guarded(NoSnapshot, "apps", "v1", "deployments"),
             ..Default::default()
         },
         Row {
@@ -207,7 +174,7 @@ fn decision_table() {
             path: "/apis",
             accept: Some(V2),
             table: false,
-            want: NotReady,
+            want: Local(LocalDiscovery),
             ..Default::default()
         },
         Row {
@@ -215,14 +182,14 @@ fn decision_table() {
             path: "/api",
             accept: Some(V2),
             table: false,
-            want: NotReady,
+            want: Local(LocalDiscovery),
             ..Default::default()
         },
         Row {
             name: "no snapshot, group-version discovery",
             path: "/apis/apps/v1",
             table: false,
-            want: NotReady,
+            want: guarded(NoSnapshot, "apps", "v1", ""),
             ..Default::default()
         },
         Row {
@@ -251,19 +218,25 @@ fn decision_table() {
         Row {
             name: "locally served",
             path: "/api/v1/namespaces/ns1/pods",
-            want: Local(ServedLocally),
+            want: guarded(ServedLocally, "", "v1", "pods"),
             ..Default::default()
         },
         Row {
             name: "locally served watch",
             path: "/apis/apps/v1/deployments?watch=1",
+            want: guarded(ServedLocally, "apps", "v1", "deployments"),
+            ..Default::default()
+        },
+        Row {
+            name: "served only locally: its 404 is genuine",
+            path: "/api/v1/namespaces/ns1/configmaps/c1",
             want: Local(ServedLocally),
             ..Default::default()
         },
         Row {
             name: "served locally and by a peer stays local",
             path: "/apis/resource.k8s.io/v1beta1/resourceclaims",
-            want: Local(ServedLocally),
+            want: guarded(ServedLocally, "resource.k8s.io", "v1beta1", "resourceclaims"),
             ..Default::default()
         },
         Row {
@@ -322,7 +295,7 @@ fn decision_table() {
             name: "pods/status served locally",
             method: "PUT",
             path: "/api/v1/namespaces/ns1/pods/p1/status",
-            want: Local(ServedLocally),
+            want: guarded(ServedLocally, "", "v1", "pods"),
             ..Default::default()
         },
         Row {
@@ -371,7 +344,7 @@ fn decision_table() {
         Row {
             name: "/apis/<g>/<v> local",
             path: "/apis/apps/v1",
-            want: Local(ServedLocally),
+            want: guarded(ServedLocally, "apps", "v1", ""),
             ..Default::default()
         },
         Row {
@@ -383,13 +356,13 @@ fn decision_table() {
         Row {
             name: "/apis/<g> local",
             path: "/apis/apps",
-            want: Local(ServedLocally),
+            want: guarded(ServedLocally, "apps", "", ""),
             ..Default::default()
         },
         Row {
             name: "/api/v1 local",
             path: "/api/v1",
-            want: Local(ServedLocally),
+            want: guarded(ServedLocally, "", "v1", ""),
             ..Default::default()
         },
         Row {
@@ -472,7 +445,7 @@ fn decision_table() {
             path: "/apis",
             accept: Some(LEGACY),
             table: false,
-            want: NotReady,
+            want: Local(LocalDiscovery),
             ..Default::default()
         },
         Row {
@@ -649,6 +622,7 @@ fn local_server_missing_from_the_table() {
             name: "peer-b".into(),
             cluster: "peer-b".into(),
             local: false,
+            address: None,
         },
         &peer_b,
     )]);
@@ -660,16 +634,26 @@ fn local_server_missing_from_the_table() {
     };
     let mut pick = |_: usize| 0;
     assert_eq!(decide(&facts, Some(&t), true, &mut pick), peer(0, "", "v1", "pods"));
-    // A table in which no server has answered knows nothing: not ready, never a false 404.
+    // A table that knows no member knows nothing: local, with its type-404 guarded.
     let empty = Table::default();
-    assert_eq!(decide(&facts, Some(&empty), true, &mut pick), Decision::NotReady);
+    assert_eq!(
+        decide(&facts, Some(&empty), true, &mut pick),
+        Decision::Guarded {
+            reason: LocalReason::NotServedAnywhere,
+            gvr: gvr("", "v1", "pods")
+        }
+    );
     let discovery = RequestFacts {
         method: "GET",
         path: "/apis",
         accept: Some("application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"),
         peer_proxied: None,
     };
-    assert_eq!(decide(&discovery, Some(&empty), true, &mut pick), Decision::NotReady);
+    // Merged discovery needs the local server's own part: otherwise its own answer is better.
+    assert_eq!(
+        decide(&discovery, Some(&empty), true, &mut pick),
+        Decision::Local(LocalReason::LocalDiscovery)
+    );
 }
 
 #[test]
@@ -753,18 +737,20 @@ fn unhealthy_peers_are_not_routed_to() {
             gvr: gvr("", "v1", "pods")
         }
     );
-    // Locally served requests are unaffected.
+    // Locally served requests are unaffected (pods is served by peers too: its 404 is guarded).
     assert_eq!(
         decide(&get("/api/v1/pods"), Some(&t), true, &mut pick),
+        guarded(LocalReason::ServedLocally, "", "v1", "pods")
+    );
+    assert_eq!(
+        decide(&get("/api/v1/configmaps"), Some(&t), true, &mut pick),
         Decision::Local(LocalReason::ServedLocally)
     );
-    // Served nowhere while a peer cannot be asked: its API set may have changed (it may be
-    // restarting as a newer version), so 503 + Retry-After rather than a 404.
+    // Served nowhere while a peer cannot be asked: every member's API set is known, so the local
+    // server's 404 is genuine (the down peer's last-known set does not have it either).
     assert_eq!(
         decide(&get("/apis/nope.io/v1/x"), Some(&t), true, &mut pick),
-        Decision::Unavailable {
-            gvr: gvr("nope.io", "v1", "x")
-        }
+        Decision::Local(LocalReason::NotServedAnywhere)
     );
     // With every server healthy the same request is a genuine 404 from the local server.
     let healthy = table();
@@ -829,7 +815,7 @@ fn unhealthy_peers_are_not_routed_to() {
             name: "local request asks nothing",
             path: "/api/v1/pods",
             down: &[LOCAL, PEER_B, PEER_C],
-            want: Decision::Local(LocalReason::ServedLocally),
+            want: guarded(LocalReason::ServedLocally, "", "v1", "pods"),
             asked: &[],
         },
         D {
@@ -853,4 +839,350 @@ fn unhealthy_peers_are_not_routed_to() {
         assert_eq!(got, row.want, "{}", row.name);
         assert_eq!(asked, row.asked, "{}", row.name);
     }
+}
+
+/// The members of [`table`] as the syncer sees them, with each one's state adjustable.
+struct MemberState {
+    core_known: bool,
+    groups_known: bool,
+    fresh: bool,
+    reachable: bool,
+    unknown: Vec<(String, String)>,
+}
+
+impl Default for MemberState {
+    fn default() -> Self {
+        MemberState {
+            core_known: true,
+            groups_known: true,
+            fresh: true,
+            reachable: true,
+            unknown: Vec::new(),
+        }
+    }
+}
+
+/// `table()`'s servers with per-member state: never learned, stale, unreachable, partly known.
+fn membership_table(states: [MemberState; 3]) -> Table {
+    use kube_peer_proxy::snapshot::Member;
+    let full = table();
+    let docs = table_docs();
+    let members: Vec<Member> = full
+        .servers
+        .iter()
+        .zip(docs.iter())
+        .zip(states.iter())
+        .map(|((server, d), st)| Member {
+            server: server.clone(),
+            core: st.core_known.then_some(d.core.as_slice()),
+            groups: st.groups_known.then_some(d.groups.as_slice()),
+            unknown_versions: &st.unknown,
+            fresh_core: st.fresh,
+            fresh_groups: st.fresh,
+            reachable: st.reachable,
+        })
+        .collect();
+    Table::build_members(&members)
+}
+
+fn table_docs() -> Vec<ServerDiscovery> {
+    let local = ServerDiscovery {
+        core: vec![group(
+            "",
+            vec![ver(
+                "v1",
+                vec![res("pods", &["status", "exec", "log"]), res("configmaps", &[])],
+            )],
+        )],
+        groups: vec![
+            group("apps", vec![ver("v1", vec![res("deployments", &["scale", "status"])])]),
+            group(
+                "resource.k8s.io",
+                vec![ver("v1beta1", vec![res("resourceclaims", &["status"])])],
+            ),
+        ],
+    };
+    let peer_b = ServerDiscovery {
+        core: vec![group(
+            "",
+            vec![ver("v1", vec![res("pods", &["status", "exec", "log", "resize"])])],
+        )],
+        groups: vec![
+            group("apps", vec![ver("v1", vec![res("deployments", &["scale", "status"])])]),
+            group(
+                "resource.k8s.io",
+                vec![
+                    ver("v1", vec![res("resourceclaims", &["status"])]),
+                    ver("v1beta1", vec![res("resourceclaims", &["status"])]),
+                ],
+            ),
+            group(
+                "lifecycle.k8s.io",
+                vec![ver("v1alpha1", vec![res("evictionrequests", &[])])],
+            ),
+        ],
+    };
+    let peer_c = ServerDiscovery {
+        core: vec![group("", vec![ver("v1", vec![res("pods", &["status"])])])],
+        groups: vec![
+            group(
+                "resource.k8s.io",
+                vec![ver("v1", vec![res("resourceclaims", &["status"])])],
+            ),
+            group("only-c.example.com", vec![ver("v1", vec![res("widgets", &["scale"])])]),
+        ],
+    };
+    vec![local, peer_b, peer_c]
+}
+
+#[test]
+fn membership_is_separate_from_freshness() {
+    use LocalReason::*;
+    let all_known = || [MemberState::default(), MemberState::default(), MemberState::default()];
+    struct M {
+        name: &'static str,
+        states: [MemberState; 3],
+        membership_unknown: bool,
+        path: &'static str,
+        want: Decision,
+    }
+    let never_learned = || MemberState {
+        core_known: false,
+        groups_known: false,
+        reachable: false,
+        ..Default::default()
+    };
+    let stale = || MemberState {
+        fresh: false,
+        ..Default::default()
+    };
+    let down = || MemberState {
+        reachable: false,
+        ..Default::default()
+    };
+    let rows = vec![
+        M {
+            name: "peer down at Envoy start: nobody known serves it, local answers, 404 guarded",
+            states: [MemberState::default(), never_learned(), MemberState::default()],
+            membership_unknown: false,
+            path: "/apis/lifecycle.k8s.io/v1alpha1/evictionrequests",
+            want: guarded(NotServedAnywhere, "lifecycle.k8s.io", "v1alpha1", "evictionrequests"),
+        },
+        M {
+            name: "peer down at Envoy start: a local-only resource is local, guarded while incomplete",
+            states: [MemberState::default(), never_learned(), MemberState::default()],
+            membership_unknown: false,
+            path: "/api/v1/configmaps",
+            want: guarded(ServedLocally, "", "v1", "configmaps"),
+        },
+        M {
+            name: "peer down at Envoy start: another peer still routes",
+            states: [MemberState::default(), never_learned(), MemberState::default()],
+            membership_unknown: false,
+            path: "/apis/only-c.example.com/v1/widgets",
+            want: peer(PEER_C, "only-c.example.com", "v1", "widgets"),
+        },
+        M {
+            name: "a member's data older than the staleness limit: 503 for what only it serves",
+            states: [MemberState::default(), stale(), MemberState::default()],
+            membership_unknown: false,
+            path: "/apis/lifecycle.k8s.io/v1alpha1/evictionrequests",
+            want: Decision::Unavailable {
+                gvr: gvr("lifecycle.k8s.io", "v1alpha1", "evictionrequests"),
+            },
+        },
+        M {
+            name: "a stale member is not routed to when a fresh one serves it",
+            states: [MemberState::default(), stale(), MemberState::default()],
+            membership_unknown: false,
+            path: "/apis/resource.k8s.io/v1/resourceclaims",
+            want: peer(PEER_C, "resource.k8s.io", "v1", "resourceclaims"),
+        },
+        M {
+            name: "stale but known: a resource nobody serves is a genuine 404",
+            states: [MemberState::default(), stale(), stale()],
+            membership_unknown: false,
+            path: "/apis/nope.io/v1/things",
+            want: Decision::Local(NotServedAnywhere),
+        },
+        M {
+            name: "a known member down: 503 for exactly what only it served",
+            states: [MemberState::default(), down(), MemberState::default()],
+            membership_unknown: false,
+            path: "/apis/lifecycle.k8s.io/v1alpha1/evictionrequests",
+            want: Decision::Unavailable {
+                gvr: gvr("lifecycle.k8s.io", "v1alpha1", "evictionrequests"),
+            },
+        },
+        M {
+            name: "a known member down: what another peer serves still routes",
+            states: [MemberState::default(), down(), MemberState::default()],
+            membership_unknown: false,
+            path: "/apis/resource.k8s.io/v1/resourceclaims",
+            want: peer(PEER_C, "resource.k8s.io", "v1", "resourceclaims"),
+        },
+        M {
+            name: "a known member down: a resource nobody serves is a genuine 404",
+            states: [MemberState::default(), down(), MemberState::default()],
+            membership_unknown: false,
+            path: "/apis/nope.io/v1/things",
+            want: Decision::Local(NotServedAnywhere),
+        },
+        M {
+            name: "every fetch failing for long (all stale): local requests still go local",
+            states: [stale(), stale(), stale()],
+            membership_unknown: false,
+            path: "/api/v1/configmaps",
+            want: Decision::Local(ServedLocally),
+        },
+        M {
+            name: "nothing ever learned (every fetch 401): local first, 404 guarded",
+            states: [never_learned(), never_learned(), never_learned()],
+            membership_unknown: false,
+            path: "/api/v1/configmaps",
+            want: guarded(NotServedAnywhere, "", "v1", "configmaps"),
+        },
+        M {
+            name: "a peer's /api failing while its /apis is known: groups route",
+            states: [
+                MemberState::default(),
+                MemberState {
+                    core_known: false,
+                    ..Default::default()
+                },
+                MemberState::default(),
+            ],
+            membership_unknown: false,
+            path: "/apis/lifecycle.k8s.io/v1alpha1/evictionrequests",
+            want: peer(PEER_B, "lifecycle.k8s.io", "v1alpha1", "evictionrequests"),
+        },
+        M {
+            name: "a peer's /api unknown: a core 404 is guarded",
+            states: [
+                MemberState::default(),
+                MemberState {
+                    core_known: false,
+                    ..Default::default()
+                },
+                MemberState::default(),
+            ],
+            membership_unknown: false,
+            path: "/api/v1/nodes",
+            want: guarded(NotServedAnywhere, "", "v1", "nodes"),
+        },
+        M {
+            name: "a peer's /api unknown: a group 404 is genuine (its /apis is known)",
+            states: [
+                MemberState::default(),
+                MemberState {
+                    core_known: false,
+                    ..Default::default()
+                },
+                MemberState::default(),
+            ],
+            membership_unknown: false,
+            path: "/apis/nope.io/v1/things",
+            want: Decision::Local(NotServedAnywhere),
+        },
+        M {
+            name: "a legacy walk failed for one group/version: only that one is guarded",
+            states: [
+                MemberState::default(),
+                MemberState {
+                    unknown: vec![("batch".into(), "v1".into())],
+                    ..Default::default()
+                },
+                MemberState::default(),
+            ],
+            membership_unknown: false,
+            path: "/apis/batch/v1/jobs",
+            want: guarded(NotServedAnywhere, "batch", "v1", "jobs"),
+        },
+        M {
+            name: "a legacy walk failed for one group/version: other groups are genuine 404s",
+            states: [
+                MemberState::default(),
+                MemberState {
+                    unknown: vec![("batch".into(), "v1".into())],
+                    ..Default::default()
+                },
+                MemberState::default(),
+            ],
+            membership_unknown: false,
+            path: "/apis/nope.io/v1/things",
+            want: Decision::Local(NotServedAnywhere),
+        },
+        M {
+            name: "lease mode before the first lease list: everything is guarded",
+            states: all_known(),
+            membership_unknown: true,
+            path: "/apis/nope.io/v1/things",
+            want: guarded(NotServedAnywhere, "nope.io", "v1", "things"),
+        },
+        M {
+            name: "local server unreachable, nobody else serves it: local, its 404 is genuine",
+            states: [down(), MemberState::default(), MemberState::default()],
+            membership_unknown: false,
+            path: "/api/v1/configmaps",
+            want: Decision::Local(ServedLocally),
+        },
+    ];
+    for row in rows {
+        let mut t = membership_table(row.states);
+        t.membership_unknown = row.membership_unknown;
+        let facts = RequestFacts {
+            method: "GET",
+            path: row.path,
+            accept: None,
+            peer_proxied: None,
+        };
+        let mut pick = |_: usize| 0;
+        assert_eq!(decide(&facts, Some(&t), true, &mut pick), row.want, "{}", row.name);
+    }
+}
+
+#[test]
+fn merged_discovery_needs_the_local_part() {
+    let facts = |path| RequestFacts {
+        method: "GET",
+        path,
+        accept: Some(V2),
+        peer_proxied: None,
+    };
+    let mut pick = |_: usize| 0;
+    let local_unknown = membership_table([
+        MemberState {
+            core_known: false,
+            groups_known: false,
+            ..Default::default()
+        },
+        MemberState::default(),
+        MemberState::default(),
+    ]);
+    assert_eq!(
+        decide(&facts("/apis"), Some(&local_unknown), true, &mut pick),
+        Decision::Local(LocalReason::LocalDiscovery)
+    );
+    assert_eq!(
+        decide(&facts("/apis"), None, true, &mut pick),
+        Decision::Local(LocalReason::LocalDiscovery)
+    );
+    // Stale or down peers still count: what they were last seen to serve is merged.
+    let stale = membership_table([
+        MemberState::default(),
+        MemberState {
+            fresh: false,
+            reachable: false,
+            ..Default::default()
+        },
+        MemberState::default(),
+    ]);
+    assert_eq!(
+        decide(&facts("/apis"), Some(&stale), true, &mut pick),
+        Decision::Merged(MergedDoc::Apis)
+    );
+    assert_eq!(
+        decide(&facts("/api"), Some(&stale), true, &mut pick),
+        Decision::Merged(MergedDoc::Api)
+    );
 }

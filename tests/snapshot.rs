@@ -14,6 +14,7 @@ fn server(name: &str, local: bool) -> ServerRef {
         name: name.into(),
         cluster: format!("cluster-{name}"),
         local,
+        address: None,
     }
 }
 

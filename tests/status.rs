@@ -3,15 +3,20 @@
 
 use kube_peer_proxy::metrics;
 use kube_peer_proxy::routing::Gvr;
-use kube_peer_proxy::status::{not_ready, peer_unavailable};
+use kube_peer_proxy::status::{guarded_not_found, peer_unavailable};
 
 fn json(bytes: &[u8]) -> serde_json::Value {
     serde_json::from_slice(bytes).expect("Status is JSON")
 }
 
 #[test]
-fn not_ready_is_a_503_status() {
-    let v = json(&not_ready(7));
+fn guarded_not_found_is_a_503_status() {
+    let gvr = Gvr {
+        group: "admissionregistration.k8s.io".into(),
+        version: "v1".into(),
+        resource: "mutatingadmissionpolicies".into(),
+    };
+    let v = json(&guarded_not_found(&gvr, 7));
     assert_eq!(v["kind"], "Status");
     assert_eq!(v["apiVersion"], "v1");
     assert_eq!(v["metadata"], serde_json::json!({}));
@@ -19,7 +24,12 @@ fn not_ready_is_a_503_status() {
     assert_eq!(v["reason"], "ServiceUnavailable");
     assert_eq!(v["code"], 503);
     assert_eq!(v["details"]["retryAfterSeconds"], 7);
-    assert!(v["message"].as_str().expect("message").contains("not ready"));
+    let message = v["message"].as_str().expect("message");
+    assert!(
+        message.contains("admissionregistration.k8s.io/v1/mutatingadmissionpolicies"),
+        "{message}"
+    );
+    assert_eq!(v["details"]["kind"], "mutatingadmissionpolicies");
 }
 
 #[test]

@@ -17,7 +17,7 @@ fuzz_target!(|data: &[u8]| {
         let merged = merge_groups(&[&list.items, &list.items]);
         let _ = discovery::to_v2_json(&merged);
         let d = ServerDiscovery { core: Vec::new(), groups: list.items };
-        let r = ServerRef { name: "a".into(), cluster: "local".into(), local: true };
+        let r = ServerRef { name: "a".into(), cluster: "local".into(), local: true, address: None };
         let t = Table::build(&[(r, &d)]);
         let _ = Table::decode(&t.encode());
     }

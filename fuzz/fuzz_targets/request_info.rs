@@ -12,7 +12,7 @@ fuzz_target!(|data: &[u8]| {
     let accept = parts.next();
     let _ = kube_peer_proxy::request_info::parse(method, path);
     let _ = kube_peer_proxy::accept::negotiate(accept);
-    let local = ServerRef { name: "a".into(), cluster: "local".into(), local: true };
+    let local = ServerRef { name: "a".into(), cluster: "local".into(), local: true, address: None };
     let empty = ServerDiscovery::default();
     let table = Table::build(&[(local, &empty)]);
     let facts = RequestFacts { method, path, accept, peer_proxied: None };

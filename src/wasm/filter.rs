@@ -1,6 +1,7 @@
 //! The HTTP filter: strips client routing headers, asks [`routing::decide`], and acts on the
 //! answer: continue to the local server, reroute to a peer, answer 503, or let the local server
-//! answer a discovery request and swap its 200 for the merged document. The serving table lives in
+//! answer a discovery request and swap its 200 for the merged document. For guarded decisions it
+//! reads a 404's body and turns a "type not served here" 404 into a 503 (see [`crate::not_found`]). The serving table lives in
 //! a per-VM cache that is refreshed only when the small generation key in shared data changes.
 
 use std::cell::{Cell, RefCell};
@@ -13,12 +14,14 @@ use proxy_wasm::types::{Action, BufferType, MapType};
 use super::host::{self, Metrics};
 use crate::config::Config;
 use crate::discovery::CONTENT_TYPE_V2;
+use crate::guard::{self, On404};
 use crate::metrics;
 use crate::routing::{self, Decision, Gvr, MergedDoc, RequestFacts, PEER_PROXIED_HEADER};
 use crate::snapshot::{self, Table};
 use crate::status;
 
-/// Set on requests the filter answers with a 503 itself (see `envoy/render.py`).
+/// Set on the 503s the filter answers itself, which already are `Status` documents, so Envoy's
+/// local-reply mapper leaves them alone (see `envoy/render.py`).
 const FILTER_REPLY_HEADER: &str = "x-kube-peer-proxy-reply";
 
 /// Per-VM state shared by every request on this worker.
@@ -108,15 +111,29 @@ fn is_marked_down(table: Option<&Table>, index: usize) -> bool {
     let Some(server) = table.and_then(|t| t.servers.get(index)) else {
         return false;
     };
-    host::shared_u64(&snapshot::down_key(&server.cluster)).is_some_and(|t| t != 0)
+    host::shared_u64(&snapshot::down_key(server.target())).is_some_and(|t| t != 0)
 }
 
 pub struct PeerProxy {
     shared: Rc<Shared>,
-    /// Set when this request was sent to a peer: what for, and which cluster.
+    /// Set when this request was sent to a peer: what for, and which target (cluster or address).
     rerouted: Option<(Gvr, String)>,
     /// Set when the local server's discovery answer is to be replaced by a merged document.
     merged: Option<MergedReply>,
+    /// Set when a "type not served here" 404 must become a 503: where the request went.
+    guard: Option<Guard>,
+    /// A 404 waiting for discovery: the call's token and the resource name asked about.
+    asking: Option<(u32, String)>,
+}
+
+/// Where a guarded request went (the server asked when its answer is a `Status` 404), and the
+/// request itself (request headers cannot be read in the response phase).
+struct Guard {
+    gvr: Gvr,
+    cluster: String,
+    address: Option<String>,
+    method: String,
+    path: String,
 }
 
 /// A merged discovery answer waiting for the local apiserver's verdict: the local server
@@ -135,7 +152,74 @@ impl PeerProxy {
             shared,
             rerouted: None,
             merged: None,
+            guard: None,
+            asking: None,
         }
+    }
+
+    /// Response headers of a guarded request: a "not served here" 404 becomes a 503; a `Status`
+    /// 404 waits for the answering server's discovery to tell which kind it is (see [`guard`]).
+    fn guard_response_headers(&mut self) -> Action {
+        let Some(g) = self.guard.as_ref() else {
+            return Action::Continue;
+        };
+        let resp = MapType::HttpResponseHeaders;
+        if host::header(resp, ":status").as_deref() != Some("404") {
+            self.guard = None;
+            return Action::Continue;
+        }
+        let content_type = host::header(resp, "content-type").unwrap_or_default();
+        let table = self.shared.table();
+        let question = guard::question(&g.method, &g.path, table.as_deref());
+        if guard::on_404(&content_type, question.as_ref()) == On404::Unavailable {
+            return self.guarded_503();
+        }
+        let Some(q) = question else {
+            return self.guarded_503();
+        };
+        let config = &self.shared.config;
+        let mut headers: Vec<(&str, &str)> = vec![
+            (":method", "GET"),
+            (":path", &q.path),
+            (":authority", &config.discovery_authority),
+            ("accept", "application/json"),
+            (PEER_PROXIED_HEADER, "true"),
+        ];
+        headers.extend(config.discovery_headers.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        if let (Some(l), Some(a)) = (&config.lease_discovery, &g.address) {
+            headers.push((&l.address_header, a));
+        }
+        let timeout = config.fetch_timeout;
+        match hostcalls::dispatch_http_call(&g.cluster, headers, None, vec![], timeout) {
+            Ok(token) => {
+                log::debug!(
+                    "kube-peer-proxy: a 404 for {} waits for {}{}",
+                    g.path,
+                    g.cluster,
+                    q.path
+                );
+                self.asking = Some((token, q.name));
+                Action::Pause
+            }
+            Err(e) => {
+                log::warn!("kube-peer-proxy: cannot ask {} about a 404: {e:?}", g.cluster);
+                self.guarded_503()
+            }
+        }
+    }
+
+    /// A 404 that might be false: 503 with Retry-After.
+    fn guarded_503(&mut self) -> Action {
+        let Some(g) = self.guard.take() else {
+            return Action::Continue;
+        };
+        log::info!(
+            "kube-peer-proxy: a 404 for {:?} from {} might be false; answering 503",
+            g.gvr,
+            g.cluster
+        );
+        let body = status::guarded_not_found(&g.gvr, self.shared.config.retry_after_seconds);
+        self.service_unavailable("guarded_not_found", &g.gvr, body)
     }
 
     fn inc(&self, name: String) {
@@ -151,12 +235,14 @@ impl PeerProxy {
             ("resource", gvr.resource.as_str()),
         ];
         self.inc(metrics::name(metrics::PROXY_ERRORS, &labels));
-        // Tells the bootstrap's local-reply mapper that this 503 already is a Status document.
-        host::set_header(MapType::HttpRequestHeaders, FILTER_REPLY_HEADER, Some("true"));
         let retry = self.shared.config.retry_after_seconds.to_string();
         self.reply(
             503,
-            vec![("content-type", "application/json"), ("retry-after", &retry)],
+            vec![
+                ("content-type", "application/json"),
+                ("retry-after", &retry),
+                (FILTER_REPLY_HEADER, "true"),
+            ],
             Some(&body),
         )
     }
@@ -207,15 +293,47 @@ impl PeerProxy {
     }
 }
 
-impl Context for PeerProxy {}
+impl Context for PeerProxy {
+    /// The answering server's discovery for a guarded `Status` 404: the 404 stands if it lists
+    /// the resource, else it becomes a 503.
+    fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _trailers: usize) {
+        let Some((asked, name)) = self.asking.take() else {
+            return;
+        };
+        if asked != token {
+            return;
+        }
+        let status = if num_headers == 0 {
+            0
+        } else {
+            host::header(MapType::HttpCallResponseHeaders, ":status")
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0)
+        };
+        let body = host::buffer(BufferType::HttpCallResponseBody, body_size);
+        if guard::resource_listed(status, &body, &name) == Some(true) {
+            self.guard = None;
+            if let Err(e) = hostcalls::resume_http_response() {
+                log::error!("kube-peer-proxy: cannot resume a response: {e:?}");
+            }
+            return;
+        }
+        let _ = self.guarded_503();
+    }
+}
 
 impl HttpContext for PeerProxy {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         let config = &self.shared.config;
         let req = MapType::HttpRequestHeaders;
-        // Only this filter may choose a cluster.
+        // Only this filter may choose a cluster or an address.
         if host::header(req, &config.route_header).is_some() {
             host::set_header(req, &config.route_header, None);
+        }
+        if let Some(l) = &config.lease_discovery {
+            if host::header(req, &l.address_header).is_some() {
+                host::set_header(req, &l.address_header, None);
+            }
         }
         let method = host::header(req, ":method").unwrap_or_default();
         let path = host::header(req, ":path").unwrap_or_default();
@@ -240,13 +358,20 @@ impl HttpContext for PeerProxy {
                 log::debug!("kube-peer-proxy: {method} {path} stays local ({reason:?})");
                 Action::Continue
             }
+            Decision::Guarded { reason, gvr } => {
+                log::debug!("kube-peer-proxy: {method} {path} stays local ({reason:?}), 404 guarded");
+                self.guard = Some(Guard {
+                    gvr,
+                    cluster: config.local_cluster.clone(),
+                    address: None,
+                    method,
+                    path,
+                });
+                Action::Continue
+            }
             Decision::Unavailable { gvr } => {
                 let body = status::peer_unavailable(&gvr, config.retry_after_seconds);
                 self.service_unavailable("peer_unavailable", &gvr, body)
-            }
-            Decision::NotReady => {
-                let body = status::not_ready(config.retry_after_seconds);
-                self.service_unavailable("not_ready", &Gvr::default(), body)
             }
             Decision::Merged(doc) => {
                 if let Some(table) = table {
@@ -278,12 +403,27 @@ impl HttpContext for PeerProxy {
                     server.name,
                     server.cluster
                 );
+                if let Some(address) = &server.address {
+                    // Lease peers share one address-picked cluster: only addresses learned from
+                    // leases are ever written here.
+                    let Some(l) = &config.lease_discovery else {
+                        return Action::Continue;
+                    };
+                    host::set_header(req, &l.address_header, Some(address));
+                }
                 host::set_header(req, &config.route_header, Some(&server.cluster));
                 host::set_header(req, PEER_PROXIED_HEADER, Some("true"));
                 // Envoy 1.40 already re-picks the route after a header change; this keeps newer
                 // Envoys (which may stop doing so) correct and is harmless otherwise.
                 let _ = hostcalls::call_foreign_function("clear_route_cache", None);
-                self.rerouted = Some((gvr, server.cluster.clone()));
+                self.rerouted = Some((gvr.clone(), server.target().to_string()));
+                self.guard = Some(Guard {
+                    gvr,
+                    cluster: server.cluster.clone(),
+                    address: server.address.clone(),
+                    method,
+                    path,
+                });
                 Action::Continue
             }
         }
@@ -306,8 +446,15 @@ impl HttpContext for PeerProxy {
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         self.merged_response_headers();
-        let Some((gvr, cluster)) = self.rerouted.take() else {
-            return Action::Continue;
+        self.rerouted_response_headers();
+        self.guard_response_headers()
+    }
+}
+
+impl PeerProxy {
+    fn rerouted_response_headers(&mut self) {
+        let Some((gvr, target)) = self.rerouted.take() else {
+            return;
         };
         let code = host::header(MapType::HttpResponseHeaders, ":status").unwrap_or_default();
         let labels = [
@@ -321,13 +468,14 @@ impl HttpContext for PeerProxy {
         let details = host::property(&["response", "code_details"]).unwrap_or_default();
         if details.contains("connection_failure") {
             // Stop sending requests to this peer until it answers discovery again.
-            log::warn!("kube-peer-proxy: cannot connect to cluster {cluster}; marking it down");
-            host::set_shared(&snapshot::down_key(&cluster), host::now_ms().to_string().as_bytes());
+            log::warn!("kube-peer-proxy: cannot connect to {target}; marking it down");
+            host::set_shared(&snapshot::down_key(&target), host::now_ms().to_string().as_bytes());
         }
         if !details.is_empty() && details != "via_upstream" {
             let labels = [("type", "upstream_unreachable"), labels[1], labels[2], labels[3]];
             self.inc(metrics::name(metrics::PROXY_ERRORS, &labels));
+            // Envoy's own reply, not the peer's 404: nothing to guard.
+            self.guard = None;
         }
-        Action::Continue
     }
 }

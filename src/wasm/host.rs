@@ -15,18 +15,58 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// A header value as text; invalid UTF-8 is replaced rather than trusted.
+/// A header value as text; invalid UTF-8 is replaced rather than trusted. `None` also when the
+/// host refuses (the SDK's `get_map_value_bytes` would panic, e.g. on request headers read after
+/// they are gone).
 pub fn header(map: MapType, name: &str) -> Option<String> {
-    match hostcalls::get_map_value_bytes(map, name) {
-        Ok(Some(b)) => Some(String::from_utf8_lossy(&b).into_owned()),
-        _ => None,
+    let mut data: *mut u8 = std::ptr::null_mut();
+    let mut size: usize = 0;
+    // SAFETY: the host writes a buffer it allocated through the SDK's `proxy_on_memory_allocate`
+    // (a `Vec` allocation of `size` bytes), which we take ownership of exactly once.
+    let status = unsafe { proxy_get_header_map_value(map, name.as_ptr(), name.len(), &mut data, &mut size) };
+    if status != 0 {
+        return None;
     }
+    if data.is_null() {
+        return Some(String::new());
+    }
+    let bytes = unsafe { Vec::from_raw_parts(data, size, size) };
+    Some(String::from_utf8_lossy(&bytes).into_owned())
 }
 
-pub fn set_header(map: MapType, name: &str, value: Option<&str>) {
-    if let Err(e) = hostcalls::set_map_value(map, name, value) {
-        log::warn!("setting header {name}: {e:?}");
+// The SDK's header hostcalls panic when the host refuses (e.g. request headers touched in the
+// response phase); these are the same ABI imports, with the status returned instead.
+extern "C" {
+    fn proxy_get_header_map_value(
+        map_type: MapType,
+        key_data: *const u8,
+        key_size: usize,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+    ) -> u32;
+    fn proxy_replace_header_map_value(
+        map_type: MapType,
+        key_data: *const u8,
+        key_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+    ) -> u32;
+    fn proxy_remove_header_map_value(map_type: MapType, key_data: *const u8, key_size: usize) -> u32;
+}
+
+/// Sets (or with `None` removes) a header; returns whether the host accepted it.
+pub fn set_header(map: MapType, name: &str, value: Option<&str>) -> bool {
+    // SAFETY: pointers and lengths come from live `&str`s; the host copies the bytes.
+    let status = unsafe {
+        match value {
+            Some(v) => proxy_replace_header_map_value(map, name.as_ptr(), name.len(), v.as_ptr(), v.len()),
+            None => proxy_remove_header_map_value(map, name.as_ptr(), name.len()),
+        }
+    };
+    if status != 0 {
+        log::debug!("kube-peer-proxy: the host refused setting header {name} (status {status})");
     }
+    status == 0
 }
 
 pub fn headers(map: MapType) -> Vec<(String, String)> {

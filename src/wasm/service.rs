@@ -41,11 +41,11 @@ impl Service {
 
     /// A peer that answered discovery after a filter marked it down is reachable again.
     fn clear_recovered_down_marks(&self) {
-        for (cluster, last_success) in self.syncer.answering_clusters() {
-            let key = snapshot::down_key(cluster);
+        for (target, last_success) in self.syncer.answering_clusters() {
+            let key = snapshot::down_key(target);
             let mark = host::shared_u64(&key).unwrap_or(0);
             if mark != 0 && last_success > mark {
-                log::info!("kube-peer-proxy: cluster {cluster} answers again; routing to it resumes");
+                log::info!("kube-peer-proxy: {target} answers again; routing to it resumes");
                 host::set_shared(&key, b"0");
             }
         }

@@ -278,6 +278,20 @@ class Envoy:
             if "name" in s and isinstance(s.get("value"), int)
         }
 
+    def snapshot_generation(self) -> int:
+        """The filter's published snapshot generation (0 before the first discovery round ends)."""
+        try:
+            return self.stats("kube_peer_proxy_snapshot_generation$").get(
+                "wasmcustom.kube_peer_proxy_snapshot_generation", 0)
+        except (OSError, RuntimeError):
+            return 0
+
+    def wait_snapshot(self, timeout: float = 20.0, at_least: int = 1) -> int:
+        """Bounded wait for the filter's discovery service to publish a snapshot."""
+        wait_until(lambda: self.snapshot_generation() >= at_least, timeout,
+                   message=f"envoy {self.name}: no discovery snapshot within {timeout}s")
+        return self.snapshot_generation()
+
     def prometheus(self) -> str:
         status, body = _http_get(self.admin_url + "/stats/prometheus")
         if status != 200:

@@ -68,8 +68,7 @@ class Topology:
         yaml, self.port, admin = self.bootstrap(plugin, **kwargs)
         self.envoy = self.envoys.start(yaml, "a", admin)
         if wait_snapshot:
-            harness.wait_until(lambda: self.get("/apis", accept=V2).status == 200, 20,
-                               message="no discovery snapshot within 20 s")
+            self.envoy.wait_snapshot(20)
         return self
 
     def url(self, path: str) -> str:

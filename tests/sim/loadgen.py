@@ -14,11 +14,14 @@ Config: {"port", "duration", "rate", "workers", "watchers_per_class", "seed", "r
 every request's record to --out at the end. Times are time.monotonic(), which is one clock for all
 processes on the machine, so the orchestrator can lay them over its upgrade timeline.
 
-Record: [t_start, t_end, op, gvr_id, status, has_retry_after, served_by, not_found_kind, status_body, error]
+Record: [t_start, t_end, op, gvr_id, status, has_retry_after, served_by, not_found_kind, status_body, error,
+         message]
   status 0 = no HTTP response (error names the exception); not_found_kind for 404s: "object" (a Status
   naming the object: the resource is served, the object is missing) or "resource" (the server does not
   serve the resource: plain "404 page not found" or "the server could not find the requested resource");
-  status_body is 1 when the body is a Kubernetes Status JSON.
+  status_body is 1 when the body is a Kubernetes Status JSON; message is that Status's message (first
+  MESSAGE_CHARS characters) for non-2xx answers, which tells who answered a 503: the filter's own start
+  with "kube-peer-proxy:", Envoy's (upstream unreachable) name the reset, a failed wasm VM's is empty.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import time
 
 REQUEST_TIMEOUT = 10.0  # a request without an answer after this long is a hang
 WATCH_IDLE_TIMEOUT = 30.0
+MESSAGE_CHARS = 120
 
 
 def parse_body(body: bytes):
@@ -41,6 +45,12 @@ def parse_body(body: bytes):
         return json.loads(body)
     except ValueError:
         return None
+
+
+def status_message(status: int, doc) -> str:
+    if 200 <= status < 300 or not (isinstance(doc, dict) and doc.get("kind") == "Status"):
+        return ""
+    return str(doc.get("message") or "")[:MESSAGE_CHARS]
 
 
 def not_found_kind(doc) -> str:
@@ -123,7 +133,7 @@ class Run:
             nf = not_found_kind(doc) if status == 404 else ""
             is_status = int(isinstance(doc, dict) and doc.get("kind") == "Status")
             records.append([t0, t1, op, g["id"], status, int("retry-after" in headers),
-                            headers.get("x-fake-apiserver", ""), nf, is_status, err])
+                            headers.get("x-fake-apiserver", ""), nf, is_status, err, status_message(status, doc)])
             return status, nf
 
         seq = 0
@@ -175,11 +185,11 @@ class Run:
                 conn.request("GET", path, headers={"Accept": "application/json"})
                 resp = conn.getresponse()
             except socket.timeout:
-                records.append([t0, time.monotonic(), "watch", g["id"], 0, 0, "", "", 0, "timeout"])
+                records.append([t0, time.monotonic(), "watch", g["id"], 0, 0, "", "", 0, "timeout", ""])
                 conn.close()
                 continue
             except (OSError, http.client.HTTPException) as e:
-                records.append([t0, time.monotonic(), "watch", g["id"], 0, 0, "", "", 0, type(e).__name__])
+                records.append([t0, time.monotonic(), "watch", g["id"], 0, 0, "", "", 0, type(e).__name__, ""])
                 conn.close()
                 time.sleep(0.2)
                 continue
@@ -191,12 +201,13 @@ class Run:
                 nf = not_found_kind(doc) if resp.status == 404 else ""
                 is_status = int(isinstance(doc, dict) and doc.get("kind") == "Status")
                 records.append([t0, t1, "watch", g["id"], resp.status, int("retry-after" in headers),
-                                headers.get("x-fake-apiserver", ""), nf, is_status, ""])
+                                headers.get("x-fake-apiserver", ""), nf, is_status, "",
+                                status_message(resp.status, doc)])
                 conn.close()
                 time.sleep(0.5)
                 continue
             records.append([t0, t1, "watch", g["id"], 200, int("retry-after" in headers),
-                            headers.get("x-fake-apiserver", ""), "", 0, ""])
+                            headers.get("x-fake-apiserver", ""), "", 0, "", ""])
             stats["starts"] += 1
             if conn.sock is not None:  # None when the response took the connection over (Connection: close)
                 conn.sock.settimeout(WATCH_IDLE_TIMEOUT)

@@ -43,6 +43,25 @@ class Answer:
         return (self.status == 503 and "retry-after" in self.headers and doc is not None
                 and doc.get("code") == 503 and doc.get("reason") == "ServiceUnavailable")
 
+    @property
+    def origin(self) -> str:
+        """Who wrote the answer: "apiserver" (a fake apiserver), "filter" (a Status the filter wrote itself,
+        message "kube-peer-proxy: …"), "envoy" (Envoy's local reply, e.g. upstream unreachable), "vm-failure"
+        (Envoy's local reply for a request whose wasm VM failed: a Status with an empty message), "" (none)."""
+        if self.status == 0:
+            return ""
+        if self.served_by:
+            return "apiserver"
+        doc = self.status_json()
+        message = str((doc or {}).get("message") or "")
+        if message.startswith("kube-peer-proxy:"):
+            return "filter"
+        return "envoy" if message or doc is None else "vm-failure"
+
+    def is_filter_503(self) -> bool:
+        """A 503 Status with Retry-After that the filter wrote itself (not Envoy's reply for a failed VM)."""
+        return self.is_503_status_with_retry_after() and self.origin == "filter"
+
     def __repr__(self):
         return (f"<{self.method} {self.path} -> {self.status or self.error} from {self.served_by or '-'} "
                 f"at {self.t0:.3f}+{self.latency * 1000:.0f}ms {self.body[:160]!r}>")

@@ -13,24 +13,27 @@ Topology per mode (everything on 127.0.0.1):
 The fake apiservers share one object store (etcd). All start "old" (1.33 API set); at fixed offsets the
 schedule upgrades a, then b, then c to "new" (1.37-dev set), one at a time:
 
-    take its Envoy out of the front LB → stop → pause 1–3 s (seeded) → start as new → wait for ready → put back
+    take its Envoy out of the front LB → stop → pause 1–3 s (seeded) → start as new → wait until it is
+    in service → put its Envoy back
 
-"ready" = the new server answers /readyz through its Envoy, at least SETTLE seconds have passed since it
-started (2× the discovery refresh interval plus slack) and, in filter mode, every Envoy's discovery has
-fetched the new server twice (the round that learned it has been published). Both modes run the identical
-schedule (same seed, same pauses, same settle time).
+"in service" = the server is ready (its /readyz answers 200 through its Envoy) and its discovery answers
+(a direct GET /apis on it answers 200); it ends when the server is stopped. The definition is the same in
+both modes and asks nothing of the filter. Both modes run the identical schedule (same seed, same pauses).
+In filter mode, the moment every Envoy's discovery has learned the new server is measured too ("learned",
+informational only).
 
 The load generator runs for a fixed duration with bounded concurrency (worker threads with keep-alive
 connections, paced to --rate) plus long watches, over old-only, new-only and common GVRs; see loadgen.py.
 Every response is classified against the serving timeline (see classify.py) and the table printed. The
-filter run must show 0 false 404s and 0 lost writes, the control run must show false 404s.
+filter run must show 0 false 404s (also none while a server was starting), 0 lost writes, no wasm VM
+panic, and an availability of at least --min-availability per resource class (2xx for GVRs some in-service
+server serves, outside one refresh interval after each change); the control run must show false 404s.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import subprocess
 import sys
@@ -57,7 +60,8 @@ from sim.lb import FrontLB  # noqa: E402
 NODES = ("a", "b", "c")
 # Discovery settings of the filter (the same as the e2e tests'): a round every 500 ms.
 PLUGIN = {"refresh_interval": "500ms", "fetch_timeout": "1s", "staleness_limit": "5s"}
-SETTLE = 1.5  # seconds between a server's start and "ready": ≥ 2 refresh intervals plus slack
+# Availability floor per resource class for the filter run (percent); see README.md for how it was chosen.
+MIN_AVAILABILITY = 98.0
 DRAIN_GRACE = 0.3  # seconds between leaving the LB and stop, for short in-flight requests to finish
 V2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 SIM_NODE_HEADER = "x-kpp-sim-node"  # discovery_headers: tells which Envoy a discovery fetch came from
@@ -114,6 +118,24 @@ class Launcher:
             envoy.stop()
 
 
+def seconds(duration: str) -> float:
+    """A plugin duration ("500ms", "5s") in seconds."""
+    return float(duration[:-2]) / 1000 if duration.endswith("ms") else float(duration[:-1])
+
+
+def in_service(envoy_port: int, server_port: int) -> bool:
+    """The definition of "in service", the same in both modes: /readyz answers through the server's
+    Envoy and a direct GET /apis on the server answers."""
+    return (_get(f"http://127.0.0.1:{envoy_port}/readyz") == 200
+            and _get(f"http://127.0.0.1:{server_port}/apis", {"Accept": V2}) == 200)
+
+
+def wasm_panics(envoy: harness.Envoy) -> int:
+    """Panics of the filter's wasm VM in one Envoy's log (each one fails that VM's requests until reload)."""
+    counts = [p.read_text(errors="replace").count("panicked at") for p in envoy._log_files() if p.exists()]
+    return max(counts, default=0)
+
+
 def _fresh_everywhere(envoy: harness.Envoy) -> bool:
     stats = envoy.stats(filter="server_fresh")
     return all(stats.get(f"wasmcustom.kube_peer_proxy_server_fresh;server={n}") == 1 for n in NODES)
@@ -121,7 +143,7 @@ def _fresh_everywhere(envoy: harness.Envoy) -> bool:
 
 def _learned(inst, nodes=NODES) -> bool:
     """Every Envoy fetched /apis from this (new) instance at least twice: the round that fetched it the
-    first time has finished and its snapshot is published (rounds never overlap)."""
+    first time has finished and its snapshot is published (rounds never overlap). Informational only."""
     counts = {n: 0 for n in nodes}
     for q in inst.requests():
         node = q["headers"].get(SIM_NODE_HEADER)
@@ -131,13 +153,18 @@ def _learned(inst, nodes=NODES) -> bool:
 
 
 def run_mode(mode: str, duration: float, seed: int, workdir: Path, *, registry=None, rate: float = 300,
-             workers: int = 16, watchers_per_class: int = 2, drain: bool = True, log=print) -> dict:
+             workers: int = 16, watchers_per_class: int = 2, drain: bool = True, plugin: dict | None = None,
+             log=print) -> dict:
     """One full run (setup, load + schedule, classification); returns the summary for the table."""
     assert mode in ("filter", "control")
     gvrs.check_classes()
     workdir = Path(workdir) / mode
     workdir.mkdir(parents=True, exist_ok=True)
     schedule = make_schedule(duration, seed)
+    plugin_cfg = dict(PLUGIN, **(plugin or {}))
+    grace = seconds(plugin_cfg["refresh_interval"])
+    if seconds(plugin_cfg["staleness_limit"]) < grace:  # the filter requires staleness_limit ≥ refresh_interval
+        plugin_cfg["staleness_limit"] = plugin_cfg["refresh_interval"]
     cluster = Cluster(max_events=1_000_000)
     launcher = Launcher(workdir, registry)
     timeline = classify.Timeline()
@@ -149,7 +176,7 @@ def run_mode(mode: str, duration: float, seed: int, workdir: Path, *, registry=N
         envoys = {}
         for n in NODES:
             listen, admin = ports[n]
-            plugin = dict(PLUGIN, discovery_headers={SIM_NODE_HEADER: n})
+            plugin = dict(plugin_cfg, discovery_headers={SIM_NODE_HEADER: n})
             yaml = render.render_bootstrap(
                 node=n, listen_port=listen, admin_port=admin, local=("127.0.0.1", servers[n].port),
                 peers=[(p, "127.0.0.1", servers[p].port) for p in NODES if p != n],
@@ -173,6 +200,8 @@ def run_mode(mode: str, duration: float, seed: int, workdir: Path, *, registry=N
         for n in NODES:
             timeline.begin("running", n, "old", t_setup - 1e6)
             timeline.begin("service", n, "old", t_setup - 1e6)
+            if not in_service(ports[n][0], servers[n].port):
+                raise RuntimeError(f"{n} is not in service at the start")
 
         out = workdir / "loadgen.json"
         cfg = {"port": lb.listen_port, "duration": duration, "rate": rate, "workers": workers,
@@ -196,31 +225,31 @@ def run_mode(mode: str, duration: float, seed: int, workdir: Path, *, registry=N
             n = up.server
             rest = [ports[m][0] for m in NODES if m != n]
             rec["drain"] = time.monotonic()
-            timeline.end("service", n, rec["drain"])
             if drain:
+                timeline.change(rec["drain"])
                 lb.set_members(rest)
                 time.sleep(DRAIN_GRACE)
             rec["stop"] = time.monotonic()
+            timeline.end("service", n, rec["stop"])
             timeline.end("running", n, rec["stop"])
             cluster.instances[n].stop()
             time.sleep(up.pause)
             inst = cluster.start(n, servers[n].port, apiset="new")
             rec["start"] = time.monotonic()
             timeline.begin("running", n, "new", rec["start"])
-            harness.wait_until(lambda: _get(f"http://127.0.0.1:{ports[n][0]}/readyz") == 200, 10, 0.02,
-                               message=f"{n} not ready through its Envoy")
-            if mode == "filter":
-                harness.wait_until(lambda: _learned(inst), 15, 0.02,
-                                   message=f"not every Envoy learned the new {n} within 15 s")
-                rec["learned"] = time.monotonic()
-            wait = rec["start"] + SETTLE - time.monotonic()
-            if wait > 0:
-                time.sleep(wait)
+            harness.wait_until(lambda: in_service(ports[n][0], inst.port), 10, 0.02,
+                               message=f"{n} not in service (/readyz through its Envoy, /apis directly)")
             rec["ready"] = time.monotonic()
             timeline.begin("service", n, "new", rec["ready"])
             if drain:
                 lb.set_members(all_members)
             rec["back"] = time.monotonic()
+            if drain:
+                timeline.change(rec["back"])
+            if mode == "filter":  # measured, not waited for before "ready" or "back"
+                harness.wait_until(lambda: _learned(inst), 15, 0.02,
+                                   message=f"not every Envoy learned the new {n} within 15 s")
+                rec["learned"] = time.monotonic()
             upgrades.append({k: (v - t0 if isinstance(v, float) and k != "pause" else v) for k, v in rec.items()})
             log(f"[{mode}] upgraded {n}: " + ", ".join(
                 f"{k} {v:.2f}" for k, v in upgrades[-1].items() if isinstance(v, float) and k != "pause")
@@ -243,7 +272,8 @@ def run_mode(mode: str, duration: float, seed: int, workdir: Path, *, registry=N
             except NotFound:
                 missing.append(name)
         summary = classify.summarize(result, timeline, {"old": builtin_apiset("old"), "new": builtin_apiset("new")},
-                                     missing)
+                                     missing, grace)
+        summary["wasm_panics"] = sum(wasm_panics(envoys[n]) for n in NODES) if mode == "filter" else None
         summary["upgrades"] = upgrades
         summary["mode"] = mode
         summary["workdir"] = str(workdir)
@@ -258,23 +288,25 @@ def run_mode(mode: str, duration: float, seed: int, workdir: Path, *, registry=N
 
 def schedule_table(summary: dict) -> str:
     lines = [f"[{summary['mode']}] schedule (seconds after the load started):",
-             "  server   drain    stop   pause   start  learned   ready    back"]
+             "  server   drain    stop   pause   start   ready    back  learned (informational)"]
     for u in summary["upgrades"]:
         learned = f"{u['learned']:7.2f}" if "learned" in u else "      -"
         lines.append(f"  {u['server']:>6} {u['drain']:7.2f} {u['stop']:7.2f} {u['pause']:7.2f} {u['start']:7.2f}"
-                     f"  {learned} {u['ready']:7.2f} {u['back']:7.2f}")
+                     f" {u['ready']:7.2f} {u['back']:7.2f}  {learned}")
     return "\n".join(lines)
 
 
-def examples(summary: dict, limit: int = 5) -> str:
+def examples(summary: dict, limit: int = 5, key: str = "false_examples") -> str:
+    """False 404s (or, with key="unavailable_examples", judged requests that did not get a 2xx)."""
     out = []
-    for rec, path in summary["false_examples"][:limit]:
-        t0, t1, op, _gid, status, ra, served, nf, _st, _err = rec
-        out.append(f"  {op:6} {path}  -> {status} from {served or '?'} ({nf}) at {t0:.3f}..{t1:.3f}")
+    for rec, path, outcome in summary[key][:limit]:
+        t0, t1, op, _gid, status, _ra, served, nf, _st, err, message = rec
+        what = f"{status} from {served or 'Envoy'}" if status else f"no response ({err})"
+        out.append(f"  {op:6} {path}  -> {what} {nf} [{outcome}] at {t0:.3f}..{t1:.3f} {message[:80]!r}")
     return "\n".join(out)
 
 
-def verdict(summaries: dict, min_rate: float = 200.0) -> list[str]:
+def verdict(summaries: dict, min_rate: float = 200.0, min_availability: float = MIN_AVAILABILITY) -> list[str]:
     """Failed requirements (empty when all hold)."""
     problems = []
     for mode, s in summaries.items():
@@ -286,6 +318,13 @@ def verdict(summaries: dict, min_rate: float = 200.0) -> list[str]:
         s = summaries["filter"]
         if s["false_404"]:
             problems.append(f"filter: {s['false_404']} false 404s")
+        if s["starting_404"]:
+            problems.append(f"filter: {s['starting_404']} 404s for a GVR a starting server served")
+        if s["wasm_panics"]:
+            problems.append(f"filter: {s['wasm_panics']} wasm VM panics (see the Envoy logs)")
+        for cls, pct in s["availability"].items():
+            if pct is not None and pct < min_availability:
+                problems.append(f"filter: availability of {cls} {pct:.2f}% < {min_availability:.1f}%")
         if s["lost_writes"]:
             problems.append(f"filter: {s['lost_writes']} lost writes: {s['lost'][:5]}")
     if "control" in summaries and summaries["control"]["false_404"] == 0:
@@ -303,6 +342,10 @@ def main(argv=None) -> int:
     p.add_argument("--watchers-per-class", type=int, default=2)
     p.add_argument("--no-drain", action="store_true",
                    help="keep the upgraded server's Envoy in the front LB while it restarts")
+    p.add_argument("--refresh-interval", default=PLUGIN["refresh_interval"],
+                   help="the filter's discovery refresh interval, also the change window (default %(default)s)")
+    p.add_argument("--min-availability", type=float, default=MIN_AVAILABILITY,
+                   help="filter run: percent of 2xx per class outside change windows (default %(default)s)")
     p.add_argument("--workdir", default=None, help="keep Envoy logs and raw results here")
     a = p.parse_args(argv)
     workdir = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="kpp-upgrade-sim-"))
@@ -310,7 +353,8 @@ def main(argv=None) -> int:
     summaries = {}
     for mode in modes:
         summaries[mode] = run_mode(mode, a.duration, a.seed, workdir, rate=a.rate, workers=a.workers,
-                                   watchers_per_class=a.watchers_per_class, drain=not a.no_drain)
+                                   watchers_per_class=a.watchers_per_class, drain=not a.no_drain,
+                                   plugin={"refresh_interval": a.refresh_interval})
     print()
     for s in summaries.values():
         print(schedule_table(s))
@@ -319,13 +363,17 @@ def main(argv=None) -> int:
     for mode, s in summaries.items():
         if s["false_examples"]:
             print(f"\n[{mode}] first false 404s:\n" + examples(s))
-    problems = verdict(summaries)
+        if s["unavailable_examples"]:
+            print(f"\n[{mode}] first judged requests without a 2xx:\n" + examples(s, key="unavailable_examples"))
+    problems = verdict(summaries, min_availability=a.min_availability)
     print(f"\nraw results and Envoy logs: {workdir}")
     if problems:
         print("FAIL: " + "; ".join(problems))
         return 1
-    print("PASS: " + ", ".join(f"{m}: {s['false_404']} false 404s, {s['lost_writes']} lost writes, "
-                              f"{s['rate']:.0f} req/s" for m, s in summaries.items()))
+    print("PASS: " + ", ".join(
+        f"{m}: {s['false_404']} false 404s, {s['lost_writes']} lost writes, {s['rate']:.0f} req/s, availability "
+        + " / ".join(classify.availability_text(s, c).split()[0] for c in gvrs.CLASSES)
+        for m, s in summaries.items()))
     return 0
 
 
