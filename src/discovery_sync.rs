@@ -164,6 +164,9 @@ struct Server {
     work: Work,
     /// Its lease is gone: leaves when the round ends (in-flight fetches still name it).
     leaving: bool,
+    /// It restarted while fetches to it were in flight: their answers may predate the restart, so
+    /// they are discarded and the server is asked again.
+    refetch: bool,
 }
 
 impl Server {
@@ -177,6 +180,7 @@ impl Server {
             cache: HashMap::new(),
             work: Work::default(),
             leaving: false,
+            refetch: false,
         }
     }
 
@@ -413,7 +417,10 @@ impl Syncer {
             }
             if let Some(s) = self.servers.get_mut(si) {
                 s.work.pending = s.work.pending.saturating_sub(1);
-                if s.work.pending == 0 {
+                if s.work.pending == 0 && s.refetch {
+                    s.refetch = false;
+                    self.start_server(si, &mut step);
+                } else if s.work.pending == 0 {
                     self.dirty |= finish_server(s, now_ms);
                 }
             }
@@ -487,6 +494,8 @@ impl Syncer {
                         self.dirty = true;
                         if s.work.pending == 0 {
                             self.start_server(i, step);
+                        } else {
+                            s.refetch = true;
                         }
                     }
                 }

@@ -481,6 +481,84 @@ fn rejections_name_the_field() {
             field: "peers[0].cluster",
             contains: "duplicate",
         },
+        Bad {
+            desc: "lease_discovery not an object",
+            json: r#"{"local_cluster":"a","lease_discovery":[]}"#,
+            field: "lease_discovery",
+            contains: "expected an object",
+        },
+        Bad {
+            desc: "lease_discovery with peers",
+            json: r#"{"local_cluster":"a","peers":[{"name":"b","cluster":"b"}],"lease_discovery":{"cluster":"p","local_hostname":"h"}}"#,
+            field: "lease_discovery",
+            contains: "cannot be combined",
+        },
+        Bad {
+            desc: "lease_discovery unknown field",
+            json: r#"{"local_cluster":"a","lease_discovery":{"cluster":"p","local_hostname":"h","bogus":1}}"#,
+            field: "lease_discovery.bogus",
+            contains: "unknown field",
+        },
+        Bad {
+            desc: "lease_discovery cluster missing",
+            json: r#"{"local_cluster":"a","lease_discovery":{"local_hostname":"h"}}"#,
+            field: "lease_discovery.cluster",
+            contains: "missing",
+        },
+        Bad {
+            desc: "lease_discovery cluster is local",
+            json: r#"{"local_cluster":"a","lease_discovery":{"cluster":"a","local_hostname":"h"}}"#,
+            field: "lease_discovery.cluster",
+            contains: "differ",
+        },
+        Bad {
+            desc: "lease_discovery address header invalid",
+            json: r#"{"local_cluster":"a","lease_discovery":{"cluster":"p","local_hostname":"h","address_header":"X-Up"}}"#,
+            field: "lease_discovery.address_header",
+            contains: "not a valid",
+        },
+        Bad {
+            desc: "lease_discovery address header is the route header",
+            json: r#"{"local_cluster":"a","lease_discovery":{"cluster":"p","local_hostname":"h","address_header":"x-kube-peer-proxy-cluster"}}"#,
+            field: "lease_discovery.address_header",
+            contains: "differ",
+        },
+        Bad {
+            desc: "lease_discovery without own identity",
+            json: r#"{"local_cluster":"a","lease_discovery":{"cluster":"p"}}"#,
+            field: "lease_discovery.local_hostname",
+            contains: "missing",
+        },
+        Bad {
+            desc: "lease_discovery empty hostname",
+            json: r#"{"local_cluster":"a","lease_discovery":{"cluster":"p","local_hostname":" "}}"#,
+            field: "lease_discovery.local_hostname",
+            contains: "empty",
+        },
+        Bad {
+            desc: "lease_discovery local address a hostname",
+            json: r#"{"local_cluster":"a","lease_discovery":{"cluster":"p","local_address":"cp-1:6443"}}"#,
+            field: "lease_discovery.local_address",
+            contains: "not an ip:port",
+        },
+        Bad {
+            desc: "lease_discovery hosts not an object",
+            json: r#"{"local_cluster":"a","lease_discovery":{"cluster":"p","local_hostname":"h","hosts":[]}}"#,
+            field: "lease_discovery.hosts",
+            contains: "expected an object",
+        },
+        Bad {
+            desc: "lease_discovery hosts value not a string",
+            json: r#"{"local_cluster":"a","lease_discovery":{"cluster":"p","local_hostname":"h","hosts":{"cp-2":1}}}"#,
+            field: "lease_discovery.hosts.cp-2",
+            contains: "expected a string",
+        },
+        Bad {
+            desc: "lease_discovery hosts address without port",
+            json: r#"{"local_cluster":"a","lease_discovery":{"cluster":"p","local_hostname":"h","hosts":{"cp-2":"10.0.0.2"}}}"#,
+            field: "lease_discovery.hosts.cp-2",
+            contains: "not an ip:port",
+        },
     ];
     for row in rows {
         let err = Config::parse(row.json.as_bytes()).expect_err(row.desc);
@@ -580,4 +658,26 @@ fn durations() {
     for row in rows {
         assert_eq!(parse_duration(row.input), row.want, "{:?}", row.input);
     }
+}
+
+#[test]
+fn lease_discovery_config() {
+    let c = Config::parse(
+        br#"{"local_cluster":"local","lease_discovery":{"cluster":"peers-by-address","local_hostname":"cp-1",
+             "local_address":"10.0.0.1:6443","hosts":{"cp-2":"10.0.0.2:6443","cp-3":"[fd00::3]:6443"}}}"#,
+    )
+    .expect("lease mode");
+    let l = c.lease_discovery.clone().expect("lease_discovery");
+    assert_eq!(l.cluster, "peers-by-address");
+    assert_eq!(l.address_header, "x-envoy-original-dst-host", "Envoy's default ORIGINAL_DST header");
+    assert_eq!(l.local_hostname.as_deref(), Some("cp-1"));
+    assert_eq!(l.local_address.as_deref(), Some("10.0.0.1:6443"));
+    assert_eq!(
+        l.hosts,
+        vec![
+            ("cp-2".to_string(), "10.0.0.2:6443".to_string()),
+            ("cp-3".to_string(), "[fd00::3]:6443".to_string())
+        ]
+    );
+    assert_eq!(c.clusters().collect::<Vec<_>>(), ["local", "peers-by-address"]);
 }

@@ -25,6 +25,7 @@ const CONFIG: &str = r#"{
 }"#;
 
 const LEGACY_CT: &str = "application/json";
+const LEASE_ADDRESS_HEADER: &str = "x-kube-peer-proxy-peer-address";
 
 fn config() -> Config {
     Config::parse(CONFIG.as_bytes()).expect("config")
@@ -74,7 +75,9 @@ impl Fake {
     }
 
     fn serve(&self, f: &Fetch) -> Option<Outcome> {
-        let key = (f.cluster.clone(), f.path().to_string());
+        // Lease peers share one address-picked cluster: the fake keys them by address.
+        let target = header(f, LEASE_ADDRESS_HEADER).unwrap_or(&f.cluster).to_string();
+        let key = (target, f.path().to_string());
         if let Some(o) = self.overrides.get(&key) {
             return o.clone();
         }
@@ -1240,4 +1243,183 @@ fn huge_durations_do_not_overflow() {
     );
     // No new round before the (saturated) refresh time.
     assert!(s.on_tick(u64::MAX - 1).fetches.is_empty());
+}
+
+
+// --- Lease mode ----------------------------------------------------------------------------------
+
+const LEASE_CONFIG: &str = r#"{
+    "local_name": "host-a",
+    "local_cluster": "local",
+    "lease_discovery": {"cluster": "peers-by-address", "address_header": "x-kube-peer-proxy-peer-address",
+                        "local_hostname": "host-a", "hosts": {"host-d": "127.0.0.14:6443"}},
+    "refresh_interval": "1s",
+    "fetch_timeout": "1s",
+    "staleness_limit": "3s"
+}"#;
+
+/// One identity lease as kube-apiserver writes it (`renew_s`: renewTime in seconds since the epoch).
+fn lease(host: &str, holder: &str, address: Option<&str>, renew_s: u64, duration_s: u64) -> serde_json::Value {
+    let id = format!("apiserver-{host}");
+    let mut annotations = serde_json::Map::new();
+    if let Some(a) = address {
+        annotations.insert("kubernetes.io/peer-advertise-address".into(), a.into());
+    }
+    let renew = format!("1970-01-01T00:00:00.000000Z");
+    let renew = if renew_s == 0 {
+        renew
+    } else {
+        // Seconds since the epoch as RFC 3339 (days are enough for these tests: renew_s < 86400).
+        format!("1970-01-01T{:02}:{:02}:{:02}.000000Z", renew_s / 3600, renew_s / 60 % 60, renew_s % 60)
+    };
+    serde_json::json!({
+        "kind": "Lease", "apiVersion": "coordination.k8s.io/v1",
+        "metadata": {"name": id, "namespace": "kube-system",
+                     "labels": {"apiserver.kubernetes.io/identity": "kube-apiserver", "kubernetes.io/hostname": host},
+                     "annotations": annotations},
+        "spec": {"holderIdentity": format!("{id}_{holder}"), "leaseDurationSeconds": duration_s, "renewTime": renew}
+    })
+}
+
+fn lease_list(items: Vec<serde_json::Value>) -> Option<Outcome> {
+    let body = serde_json::json!({"kind": "LeaseList", "apiVersion": "coordination.k8s.io/v1",
+                                  "metadata": {"resourceVersion": "1"}, "items": items});
+    response(200, "application/json", body.to_string().as_bytes())
+}
+
+fn lease_fake() -> Fake {
+    let mut f = Fake::default();
+    f.aggregated("local", "/api", core_doc(&["status", "exec"]));
+    f.aggregated("local", "/apis", fixture(AGG_133));
+    f.aggregated("127.0.0.12:6443", "/api", core_doc(&["status", "exec", "resize"]));
+    f.aggregated("127.0.0.12:6443", "/apis", fixture(AGG_137));
+    f.aggregated("127.0.0.14:6443", "/api", core_doc(&["status"]));
+    f.aggregated("127.0.0.14:6443", "/apis", fixture(AGG_133));
+    f
+}
+
+const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases?labelSelector=apiserver.kubernetes.io%2Fidentity%3Dkube-apiserver";
+
+#[test]
+fn lease_mode_members_join_restart_leave_and_expire() {
+    let mut s = Syncer::new(&Config::parse(LEASE_CONFIG.as_bytes()).expect("config"));
+    let mut fake = lease_fake();
+    let hour = 3600;
+    // a: our own lease (excluded); b: annotated; c: no address anywhere (a member that can never be
+    // learned); d: address from the configured hosts map.
+    fake.set(
+        "local",
+        LEASES,
+        lease_list(vec![
+            lease("host-a", "1", Some("127.0.0.11:6443"), 10, hour),
+            lease("host-b", "1", Some("127.0.0.12:6443"), 10, hour),
+            lease("host-c", "1", None, 10, hour),
+            lease("host-d", "1", None, 10, hour),
+        ]),
+    );
+    let r = round(&mut s, &fake, 20_000);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    let lease_fetch = r.fetches.iter().find(|f| f.path() == LEASES).expect("lease list fetched");
+    assert_eq!(lease_fetch.cluster, "local", "leases are read through the local apiserver");
+    let b = r
+        .fetches
+        .iter()
+        .filter(|f| header(f, LEASE_ADDRESS_HEADER) == Some("127.0.0.12:6443"))
+        .map(|f| (f.cluster.as_str(), f.path()))
+        .collect::<BTreeSet<_>>();
+    assert_eq!(b, BTreeSet::from([("peers-by-address", "/api"), ("peers-by-address", "/apis")]));
+    assert!(r.fetches.iter().all(|f| header(f, LEASE_ADDRESS_HEADER) != Some("127.0.0.11:6443")), "never our own lease");
+    let t = r.publish.expect("snapshot").table;
+    let names: Vec<&str> = t.servers.iter().map(|x| x.name.as_str()).collect();
+    assert_eq!(names, ["host-a", "host-b", "host-c", "host-d"]);
+    assert!(!t.membership_unknown);
+    assert_eq!(t.servers[1].address.as_deref(), Some("127.0.0.12:6443"));
+    assert_eq!(t.servers[3].address.as_deref(), Some("127.0.0.14:6443"));
+    assert_eq!(t.known_groups, 0b1011, "host-c can never be learned");
+    assert_eq!(
+        route(&t, "GET", "/apis/resource.k8s.io/v1/resourceclaims"),
+        to(1, "resource.k8s.io", "v1", "resourceclaims")
+    );
+    // host-c's API set is unknown: a resource nobody is known to serve is guarded.
+    assert_eq!(
+        route(&t, "GET", "/apis/nope.io/v1/things"),
+        guarded(LocalReason::NotServedAnywhere, "nope.io", "v1", "things")
+    );
+
+    // host-c goes; host-b restarts (new holder): its API set is unknown until refetched, which
+    // happens in the same round.
+    fake.set(
+        "local",
+        LEASES,
+        lease_list(vec![
+            lease("host-a", "1", Some("127.0.0.11:6443"), 20, hour),
+            lease("host-b", "2", Some("127.0.0.12:6443"), 20, hour),
+            lease("host-d", "1", None, 20, hour),
+        ]),
+    );
+    let r = round(&mut s, &fake, 21_000);
+    let b_fetches = r
+        .fetches
+        .iter()
+        .filter(|f| header(f, LEASE_ADDRESS_HEADER) == Some("127.0.0.12:6443"))
+        .count();
+    assert_eq!(b_fetches, 4, "the round's fetches plus the refetch after the restart");
+    let b_refetch = r
+        .fetches
+        .iter()
+        .filter(|f| header(f, LEASE_ADDRESS_HEADER) == Some("127.0.0.12:6443"))
+        .last()
+        .expect("refetch");
+    assert_eq!(header(b_refetch, "if-none-match"), None, "a restarted server's ETags are forgotten");
+    let t = r.publish.expect("snapshot").table;
+    let names: Vec<&str> = t.servers.iter().map(|x| x.name.as_str()).collect();
+    assert_eq!(names, ["host-a", "host-b", "host-d"], "host-c left when its lease went");
+    assert_eq!(t.known_groups, 0b111);
+    assert_eq!(route(&t, "GET", "/apis/nope.io/v1/things"), Decision::Local(LocalReason::NotServedAnywhere));
+
+    // The lease list cannot be read: membership is kept; host-b's lease expires (renewed at 20 s,
+    // 3600 s) only an hour later, but host-d's lease was written with a short duration below.
+    fake.set(
+        "local",
+        LEASES,
+        lease_list(vec![
+            lease("host-a", "1", Some("127.0.0.11:6443"), 30, hour),
+            lease("host-b", "2", Some("127.0.0.12:6443"), 30, hour),
+            lease("host-d", "1", None, 30, 15),
+        ]),
+    );
+    let r = round(&mut s, &fake, 31_000);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    fake.set("local", LEASES, response(403, "application/json", b"{}"));
+    let r = round(&mut s, &fake, 40_000);
+    assert_eq!(r.error_kinds(), [("host-a", "http_status")]);
+    let r = round(&mut s, &fake, 46_000);
+    let t = r.publish.expect("host-d expired (renewed at 30 s for 15 s)").table;
+    let names: Vec<&str> = t.servers.iter().map(|x| x.name.as_str()).collect();
+    assert_eq!(names, ["host-a", "host-b"]);
+}
+
+#[test]
+fn lease_mode_before_the_first_lease_list_membership_is_unknown() {
+    let mut s = Syncer::new(&Config::parse(LEASE_CONFIG.as_bytes()).expect("config"));
+    let mut fake = lease_fake();
+    fake.set("local", LEASES, Some(Outcome::Unreachable));
+    let r = round(&mut s, &fake, 1000);
+    let t = r.publish.expect("snapshot").table;
+    assert!(t.membership_unknown);
+    assert_eq!(t.servers.len(), 1);
+    // Even a resource the local server alone serves is guarded: an unknown member may serve more.
+    assert_eq!(
+        route(&t, "GET", "/apis/nope.io/v1/things"),
+        guarded(LocalReason::NotServedAnywhere, "nope.io", "v1", "things")
+    );
+    // A body that is not a lease list keeps it unknown too (and is counted).
+    fake.set("local", LEASES, response(200, "application/json", br#"{"kind":"Status"}"#));
+    let r = round(&mut s, &fake, 2000);
+    assert_eq!(r.error_kinds(), [("host-a", "decode")]);
+    fake.set("local", LEASES, lease_list(vec![]));
+    let r = round(&mut s, &fake, 3000);
+    let t = r.publish.expect("membership known").table;
+    assert!(!t.membership_unknown);
+    assert_eq!(route(&t, "GET", "/apis/nope.io/v1/things"), Decision::Local(LocalReason::NotServedAnywhere));
 }

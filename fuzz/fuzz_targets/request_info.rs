@@ -1,10 +1,60 @@
-//! The path grammar and the routing decision must accept any method/path/Accept without panicking.
+//! The path grammar, the routing decision and the 404 guard's question must accept any
+//! method/path/Accept without panicking, against an empty table and against populated ones whose
+//! members are in every state (unknown, stale, unreachable, partly known, membership unknown).
 #![no_main]
-use kube_peer_proxy::routing::{decide, RequestFacts};
-use kube_peer_proxy::snapshot::{ServerDiscovery, ServerRef, Table};
+use std::sync::OnceLock;
+
+use kube_peer_proxy::discovery::{parse_aggregated, GroupDiscovery};
+use kube_peer_proxy::routing::{decide_with, RequestFacts};
+use kube_peer_proxy::snapshot::{Member, ServerDiscovery, ServerRef, Table};
 use libfuzzer_sys::fuzz_target;
 
+const AGG_133: &[u8] = include_bytes!("../../tests/fixtures/k8s-discovery/aggregated_v2.k8s-1.33.json");
+const AGG_137: &[u8] = include_bytes!("../../tests/fixtures/k8s-discovery/aggregated_v2.k8s-1.37-dev-fork.json");
+
+fn groups() -> &'static (Vec<GroupDiscovery>, Vec<GroupDiscovery>) {
+    static G: OnceLock<(Vec<GroupDiscovery>, Vec<GroupDiscovery>)> = OnceLock::new();
+    G.get_or_init(|| {
+        let old = parse_aggregated(AGG_133).map(|l| l.items).unwrap_or_default();
+        let new = parse_aggregated(AGG_137).map(|l| l.items).unwrap_or_default();
+        (old, new)
+    })
+}
+
+/// Three members (local old, two new); each state bit comes from `bits`.
+fn table(bits: u32) -> Table {
+    let (old, new) = groups();
+    let unknown = vec![("batch".to_string(), "v1".to_string())];
+    let members: Vec<Member> = (0..3u32)
+        .map(|i| {
+            let b = bits >> (i * 6);
+            let docs: &[GroupDiscovery] = if i == 0 { old } else { new };
+            Member {
+                server: ServerRef {
+                    name: format!("s{i}"),
+                    cluster: format!("c{i}"),
+                    local: i == 0,
+                    address: (b & 32 != 0).then(|| format!("127.0.0.{}:6443", 10 + i)),
+                },
+                core: (b & 1 != 0).then_some(docs),
+                groups: (b & 2 != 0).then_some(docs),
+                unknown_versions: if b & 4 != 0 { &unknown } else { &[] },
+                fresh_core: b & 8 != 0,
+                fresh_groups: b & 8 != 0,
+                reachable: b & 16 != 0,
+            }
+        })
+        .collect();
+    let mut t = Table::build_members(&members);
+    t.membership_unknown = bits & (1 << 20) != 0;
+    t
+}
+
 fuzz_target!(|data: &[u8]| {
+    let (state, data) = match data {
+        [a, b, c, rest @ ..] => (u32::from_le_bytes([*a, *b, *c, 0]), rest),
+        _ => (0, data),
+    };
     let text = String::from_utf8_lossy(data);
     let mut parts = text.splitn(3, '\n');
     let method = parts.next().unwrap_or("GET");
@@ -14,8 +64,12 @@ fuzz_target!(|data: &[u8]| {
     let _ = kube_peer_proxy::accept::negotiate(accept);
     let local = ServerRef { name: "a".into(), cluster: "local".into(), local: true, address: None };
     let empty = ServerDiscovery::default();
-    let table = Table::build(&[(local, &empty)]);
     let facts = RequestFacts { method, path, accept, peer_proxied: None };
-    let _ = decide(&facts, Some(&table), true, &mut |n| n / 2);
-    let _ = decide(&facts, None, true, &mut |_| 0);
+    for t in [Table::build(&[(local, &empty)]), table(state)] {
+        let d = decide_with(&facts, Some(&t), true, &mut |n| n / 2, &mut |i| state & (1 << (21 + i % 3)) != 0);
+        let _ = kube_peer_proxy::guard::question(method, path, Some(&t));
+        let _ = d;
+    }
+    let _ = decide_with(&facts, None, true, &mut |_| 0, &mut |_| false);
+    let _ = kube_peer_proxy::guard::question(method, path, None);
 });

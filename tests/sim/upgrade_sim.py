@@ -214,6 +214,7 @@ def run_mode(mode: str, duration: float, seed: int, workdir: Path, *, registry=N
         if not line.startswith("START "):
             raise RuntimeError(f"load generator did not start: {line!r}")
         t0 = float(line.split()[1])
+        t0_wall = time.time() - (time.monotonic() - t0)  # to find the moments in the Envoy logs
         log(f"[{mode}] load started: {rate:.0f} req/s target, {workers} workers, "
             f"{watchers_per_class * len(gvrs.CLASSES)} watchers, {duration:.0f} s")
 
@@ -275,6 +276,7 @@ def run_mode(mode: str, duration: float, seed: int, workdir: Path, *, registry=N
                                      missing, grace)
         summary["wasm_panics"] = sum(wasm_panics(envoys[n]) for n in NODES) if mode == "filter" else None
         summary["upgrades"] = upgrades
+        summary["t0"], summary["t0_wall"] = t0, t0_wall
         summary["mode"] = mode
         summary["workdir"] = str(workdir)
         return summary
@@ -287,7 +289,8 @@ def run_mode(mode: str, duration: float, seed: int, workdir: Path, *, registry=N
 
 
 def schedule_table(summary: dict) -> str:
-    lines = [f"[{summary['mode']}] schedule (seconds after the load started):",
+    started = time.strftime("%H:%M:%S", time.gmtime(summary["t0_wall"])) + f"{summary['t0_wall'] % 1:.3f}"[1:]
+    lines = [f"[{summary['mode']}] schedule (seconds after the load started, at {started} UTC):",
              "  server   drain    stop   pause   start   ready    back  learned (informational)"]
     for u in summary["upgrades"]:
         learned = f"{u['learned']:7.2f}" if "learned" in u else "      -"
@@ -302,7 +305,8 @@ def examples(summary: dict, limit: int = 5, key: str = "false_examples") -> str:
     for rec, path, outcome in summary[key][:limit]:
         t0, t1, op, _gid, status, _ra, served, nf, _st, err, message = rec
         what = f"{status} from {served or 'Envoy'}" if status else f"no response ({err})"
-        out.append(f"  {op:6} {path}  -> {what} {nf} [{outcome}] at {t0:.3f}..{t1:.3f} {message[:80]!r}")
+        t0, t1 = t0 - summary["t0"], t1 - summary["t0"]
+        out.append(f"  {op:6} {path}  -> {what} {nf} [{outcome}] at {t0:.3f}..{t1:.3f} s {message[:80]!r}")
     return "\n".join(out)
 
 
