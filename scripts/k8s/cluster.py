@@ -197,6 +197,9 @@ class APIServer:
     port: int = field(default_factory=free_port)
     runtime_config: str = ""
     mvp: bool = False
+    # Writes the peer-advertise-address annotation on its identity lease (the feature gate on,
+    # --peer-advertise-ip/port) without turning the built-in proxy on (no --peer-ca-file).
+    advertise: bool = False
     extra_flags: list = field(default_factory=list)
     proc: Proc | None = None
 
@@ -256,6 +259,10 @@ class APIServer:
             # only with --peer-ca-file; alpha (off by default) in 1.35.
             f += ["--feature-gates=UnknownVersionInteroperabilityProxy=true",
                   f"--peer-ca-file={c / 'ca.crt'}",
+                  "--peer-advertise-ip=127.0.0.1",
+                  f"--peer-advertise-port={self.port}"]
+        elif self.advertise:
+            f += ["--feature-gates=UnknownVersionInteroperabilityProxy=true",
                   "--peer-advertise-ip=127.0.0.1",
                   f"--peer-advertise-port={self.port}"]
         else:
@@ -421,8 +428,8 @@ class ControlPlane:
     """etcd + apiservers (+ the wardle backend), started in order, stopped in reverse."""
 
     def __init__(self, workdir: Path, servers: list[tuple[str, str, str]], mvp: bool = False,
-                 kubectl: str | None = None):
-        """servers: (name, version, runtime_config)."""
+                 kubectl: str | None = None, advertise: bool = False):
+        """servers: (name, version, runtime_config); advertise: see APIServer.advertise."""
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.certs = make_certs(self.workdir / "pki")
@@ -433,9 +440,22 @@ class ControlPlane:
         self.etcd: Proc | None = None
         self.wardle: WardleBackend | None = None
         self.mvp = mvp
-        self.servers = {name: APIServer(name, version, self.workdir / f"apiserver-{name}", self.certs,
-                                        f"http://127.0.0.1:{self.etcd_port}", runtime_config=rc, mvp=mvp)
-                        for name, version, rc in servers}
+        self.advertise = advertise
+        self.servers = {name: self._server(name, version, rc) for name, version, rc in servers}
+
+    def _server(self, name: str, version: str, runtime_config: str) -> APIServer:
+        return APIServer(name, version, self.workdir / f"apiserver-{name}", self.certs,
+                         f"http://127.0.0.1:{self.etcd_port}", runtime_config=runtime_config, mvp=self.mvp,
+                         advertise=self.advertise)
+
+    def add_server(self, name: str, version: str = DEFAULT_VERSION, runtime_config: str = "",
+                   timeout: float = 180.0) -> APIServer:
+        """Start one more kube-apiserver on the running etcd and wait until it is ready."""
+        s = self._server(name, version, runtime_config)
+        self.servers[name] = s
+        s.start()
+        s.wait_ready(self.admin_token, self.ca, timeout=timeout)
+        return s
 
     @property
     def admin_token(self) -> str:

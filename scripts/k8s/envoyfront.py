@@ -38,20 +38,21 @@ K8S_PLUGIN = {"refresh_interval": "1s", "fetch_timeout": "3s", "staleness_limit"
 ACCESS_LOG_FORMAT = {
     "path": "%REQ(:PATH)%", "method": "%REQ(:METHOD)%", "cluster": "%UPSTREAM_CLUSTER%",
     "peer_proxied": "%REQ(X-KUBERNETES-PEER-PROXIED)%", "audit_id": "%REQ(AUDIT-ID)%",
+    "upstream_host": "%UPSTREAM_HOST%",
     "code": "%RESPONSE_CODE%", "flags": "%RESPONSE_FLAGS%", "duration_ms": "%DURATION%",
     "upstream_ms": "%RESPONSE_DURATION%",
 }
 
 
 def bootstrap(cp: ControlPlane, local: APIServer, peers: list[APIServer], listen: int, admin: int,
-              access_log: Path, plugin: dict | None = None) -> str:
+              access_log: Path, plugin: dict | None = None, leases: dict | None = None) -> str:
     cfg = dict(K8S_PLUGIN)
     cfg["discovery_headers"] = {"authorization": f"Bearer {cp.tokens['kpp-discovery']}"}
     cfg.update(plugin or {})
     text = render.render_bootstrap(
         node=local.name, listen_port=listen, admin_port=admin, local=("127.0.0.1", local.port),
-        peers=[(p.name, "127.0.0.1", p.port) for p in peers], wasm_path=str(harness.wasm_path()),
-        plugin=cfg, upstream_tls_sni=SNI)
+        peers=[] if leases is not None else [(p.name, "127.0.0.1", p.port) for p in peers],
+        wasm_path=str(harness.wasm_path()), plugin=cfg, upstream_tls_sni=SNI, leases=leases)
     b = json.loads(text)
     for c in b["static_resources"]["clusters"]:
         tls = c["transport_socket"]["typed_config"]
@@ -77,13 +78,14 @@ class Front:
     """One Envoy in front of `local`, with every other server of the control plane as a peer."""
 
     def __init__(self, cp: ControlPlane, local: APIServer, workdir: Path, plugin: dict | None = None,
-                 log_level: str = "info"):
+                 log_level: str = "info", leases: dict | None = None):
+        """leases: lease mode (peers from identity leases) with these `lease_discovery` fields."""
         self.cp, self.local = cp, local
         self.workdir = Path(workdir)
         self.port, self.admin = harness.free_port(), harness.free_port()
         self.access_log = self.workdir / "access.log"
         peers = [s for s in cp.servers.values() if s is not local]
-        self.yaml = bootstrap(cp, local, peers, self.port, self.admin, self.access_log, plugin)
+        self.yaml = bootstrap(cp, local, peers, self.port, self.admin, self.access_log, plugin, leases)
         self.envoy = harness.Envoy(self.yaml, f"k8s-{local.name}", self.admin, workdir=self.workdir / "envoy",
                                    log_level=log_level, component_log_level="wasm:info")
 
@@ -93,22 +95,9 @@ class Front:
 
     def start(self, timeout: float = 60.0) -> "Front":
         self.envoy.start()
-        # Ready = the filter has a snapshot (merged /apis answers 200 instead of the 503 it gives before).
-        import urllib.request
-        req = urllib.request.Request(self.url + "/apis", headers={
-            "Accept": "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
-            "Authorization": f"Bearer {self.cp.admin_token}"})
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
-                                             urllib.request.HTTPSHandler(context=self.cp.ssl_context()))
-
-        def snap():
-            try:
-                with opener.open(req, timeout=5) as r:
-                    return r.status == 200
-            except Exception:  # noqa: BLE001
-                return False
+        # Ready = the filter's discovery service has published a snapshot.
         try:
-            harness.wait_until(snap, timeout, 0.2, message=f"envoy {self.local.name}: no snapshot in {timeout}s")
+            self.envoy.wait_snapshot(timeout)
         except AssertionError:
             raise AssertionError(f"envoy {self.local.name}: no snapshot in {timeout}s\n{self.envoy.log_tail(80)}")
         return self
