@@ -69,7 +69,7 @@ k8s-build-skew: k8s-build
 
 # One etcd, two v1.36.3 kube-apiservers that serve different APIs, an Envoy with the filter in front of each.
 e2e-k8s: build k8s-build
-	$(PYTEST) -q -rA tests/k8s/test_control_plane.py
+	$(PYTEST) -q -rA tests/k8s/test_control_plane.py tests/k8s/test_leases.py
 
 # v1.35.4 and v1.36.3 on one etcd (run by hand).
 e2e-k8s-skew: build k8s-build-skew

@@ -11,7 +11,8 @@ Each instance speaks the real wire formats (aggregated and legacy discovery, Sta
 for the API set it serves; see server.py for the endpoints, including the `/__fake/*` test controls.
 """
 
-from .discovery import ApiSet, builtin_apiset, with_subresource
+from .discovery import ApiSet, builtin_apiset, resource_entry, with_resource, with_subresource
 from .server import FAULT_MODES, Cluster, Instance
 
-__all__ = ["ApiSet", "Cluster", "FAULT_MODES", "Instance", "builtin_apiset", "with_subresource"]
+__all__ = ["ApiSet", "Cluster", "FAULT_MODES", "Instance", "builtin_apiset", "resource_entry", "with_resource",
+           "with_subresource"]

@@ -272,6 +272,41 @@ def with_subresource(base: "str | ApiSet", group: str, version: str, resource: s
     return ApiSet(name or f"{base.name}+{resource}/{subresource}", apis, api, base.minor)
 
 
+ALL_VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+
+
+def resource_entry(group: str, version: str, resource: str, kind: str, namespaced: bool = True) -> dict:
+    """An APIResourceDiscovery with every verb, as a CRD's resource is listed (no subresources)."""
+    return {"resource": resource, "responseKind": {"group": group, "version": version, "kind": kind},
+            "scope": "Namespaced" if namespaced else "Cluster", "singularResource": kind.lower(),
+            "verbs": list(ALL_VERBS)}
+
+
+def with_resource(base: "str | ApiSet", group: str, version: str, resource: str, kind: str, namespaced: bool = True,
+                  name: str | None = None) -> ApiSet:
+    """A copy of `base` that also serves (and lists) `group/version/resource`, adding the group/version if needed.
+
+    The e2e membership tests use it for a resource exactly one server serves (e.g. a CRD only that server knows).
+    """
+    base = resolve_apiset(base)
+    apis, api = copy.deepcopy(base._apis), copy.deepcopy(base._api)
+    if base.resource(group, version, resource) is not None:
+        raise ValueError(f"{base.name} already serves {group}/{version} {resource}")
+    entry = resource_entry(group, version, resource, kind, namespaced)
+    doc = api if group == "" else apis
+    item = next((i for i in doc["items"] if i["metadata"].get("name", "") == group), None)
+    if item is None:
+        item = {"metadata": {"name": group} if group else {}, "versions": []}
+        doc["items"].append(item)
+    ver = next((v for v in item["versions"] if v["version"] == version), None)
+    if ver is None:
+        ver = {"version": version, "resources": [], "freshness": "Current"}
+        item["versions"].append(ver)
+    ver.setdefault("resources", []).append(entry)
+    ver["resources"].sort(key=lambda r: r["resource"])
+    return ApiSet(name or f"{base.name}+{resource}.{group or 'core'}", apis, api, base.minor)
+
+
 def resolve_apiset(apiset: "str | dict | ApiSet") -> ApiSet:
     if isinstance(apiset, ApiSet):
         return apiset

@@ -2,10 +2,17 @@
 
 Test controls (never logged as requests):
   GET  /__fake/requests                 the request log, oldest first; DELETE clears it
-  GET|POST /__fake/fault                {"discovery": one of FAULT_MODES[, "delay_ms": N][, "oversized_bytes": N]}:
-                                        how discovery answers; delay_ms (default 0) holds every discovery answer
-                                        back N ms first; oversized_bytes (default 60 MiB) is the padded size of an
-                                        "oversized" document
+  GET|POST /__fake/fault                {"discovery": one of FAULT_MODES[, "delay_ms": N][, "oversized_bytes": N]
+                                        [, "paths": ["/api", ...]]}: how discovery answers; delay_ms (default 0)
+                                        holds every discovery answer back N ms first; oversized_bytes (default
+                                        60 MiB) is the padded size of an "oversized" document; paths (default: all)
+                                        limits the fault and the delay to those discovery paths (exact, e.g. "/api"
+                                        but not "/api/v1"), the others answer normally. "401" answers the
+                                        apiserver's `Unauthorized` Status, as for a rejected credential.
+  GET|POST|DELETE /__fake/serve         POST {"group", "version", "resource", "kind", "namespaced"} makes this
+                                        instance serve one more resource type (every verb, over the shared store)
+                                        without listing it in its discovery: a CRD in the window before the next
+                                        discovery round sees it. GET lists them, DELETE removes them all.
 Streaming subresources (`exec`, `attach`, `portforward`) of a served resource accept a WebSocket upgrade
 (`GET` with `Upgrade: websocket`): the instance greets with one text message `<instance> <subresource> <name>`
 and then echoes every text/binary message, answers pings, and closes on close.
@@ -28,10 +35,11 @@ from datetime import datetime, timezone
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from . import requestinfo, selector
-from .discovery import AGGREGATED_V2, AGGREGATED_V2BETA1, JSON, ApiSet, encode, etag, negotiate, resolve_apiset
+from .discovery import (AGGREGATED_V2, AGGREGATED_V2BETA1, JSON, ApiSet, encode, etag, negotiate, resolve_apiset,
+                        resource_entry)
 from .store import AlreadyExists, Conflict, Event, Expired, NotFound, Store
 
-FAULT_MODES = ("ok", "500", "malformed", "truncated", "timeout", "oversized")
+FAULT_MODES = ("ok", "500", "401", "malformed", "truncated", "timeout", "oversized")
 STREAMING_SUBRESOURCES = ("exec", "attach", "portforward")
 WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 FAULT_TIMEOUT_SECONDS = 30
@@ -57,6 +65,9 @@ def _status(code: int, reason: str, message: str, details: dict | None = None) -
 
 
 NOT_SERVED = _status(404, "NotFound", "the server could not find the requested resource", {})
+# What the apiserver's authentication filter answers a request whose credential it rejects.
+UNAUTHORIZED = _status(401, "Unauthorized", "Unauthorized")
+SERVE_FIELDS = {"group": str, "version": str, "resource": str, "kind": str, "namespaced": bool}
 METHOD_NOT_ALLOWED = _status(405, "MethodNotAllowed",
                              "the server does not allow this method on the requested resource", {})
 
@@ -251,19 +262,45 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     for n in (delay_ms, oversized):
                         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
                             raise ValueError(n)
+                    paths = request.get("paths")
+                    if paths is not None:
+                        if not isinstance(paths, list) or not paths or not all(
+                                isinstance(p, str) and p.startswith("/") for p in paths):
+                            raise ValueError(paths)
+                        paths = tuple(dict.fromkeys("/" + p.strip("/") for p in paths))
                     self.instance.fault = request["discovery"]
                     self.instance.discovery_delay_ms = delay_ms
                     self.instance.oversized_bytes = oversized
+                    self.instance.fault_paths = paths
                 except (ValueError, KeyError, TypeError, AttributeError):
                     message = (f'want {{"discovery": one of {", ".join(FAULT_MODES)}[, "delay_ms": N]'
-                               '[, "oversized_bytes": N]}')
+                               '[, "oversized_bytes": N][, "paths": ["/api", ...]]}')
                     return self._send_status(_status(400, "BadRequest", message))
             answer = {"discovery": self.instance.fault}
             if self.instance.discovery_delay_ms:
                 answer["delay_ms"] = self.instance.discovery_delay_ms
             if self.instance.oversized_bytes != OVERSIZED_BYTES:
                 answer["oversized_bytes"] = self.instance.oversized_bytes
+            if self.instance.fault_paths is not None:
+                answer["paths"] = list(self.instance.fault_paths)
             return self._send_json(200, answer)
+        if path == "/__fake/serve" and self.command in ("GET", "POST", "DELETE"):
+            if self.command == "POST":
+                try:
+                    request = json.loads(body)
+                    if set(request) != set(SERVE_FIELDS) or any(
+                            type(request[k]) is not t for k, t in SERVE_FIELDS.items()):
+                        raise ValueError(request)
+                    if not all(request[k] for k in ("version", "resource", "kind")) or "/" in "".join(
+                            request[k] for k in ("group", "version", "resource")):
+                        raise ValueError(request)
+                except (ValueError, TypeError, AttributeError):
+                    message = 'want {"group": G, "version": V, "resource": R, "kind": K, "namespaced": true|false}'
+                    return self._send_status(_status(400, "BadRequest", message))
+                self.instance.serve(**request)
+            elif self.command == "DELETE":
+                self.instance.extra_resources.clear()
+            return self._send_json(200, self.instance.served_extras())
         return self._send(404, NOT_FOUND_TEXT, TEXT)
 
     # --- discovery ------------------------------------------------------------------------------------------
@@ -274,12 +311,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return self._send_status(METHOD_NOT_ALLOWED)
         fault = self.instance.fault
         delay = self.instance.discovery_delay_ms
+        fault_paths = self.instance.fault_paths
+        if fault_paths is not None and "/" + "/".join(parts) not in fault_paths:
+            fault, delay = "ok", 0
         if delay and self.instance._stopping.wait(delay / 1000):
             self.close_connection = True
             return
         if fault == "timeout" and self.instance._stopping.wait(FAULT_TIMEOUT_SECONDS):
             self.close_connection = True  # stopped while hanging: drop the request like a dying server
             return
+        if fault == "401":
+            return self._send_status(UNAUTHORIZED)
         if fault == "500":
             return self._send_status(_status(500, "InternalError", "Internal error occurred: injected discovery fault",
                                              {"causes": [{"message": "injected discovery fault"}]}))
@@ -348,10 +390,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     # --- resources ------------------------------------------------------------------------------------------
 
     def _resource(self, path: requestinfo.ResourcePath, query: dict, body: bytes):
-        apiset = self.instance.apiset
-        if not apiset.serves_version(path.group, path.version):
+        if not self.instance.serves_version(path.group, path.version):
             return self._send(404, NOT_FOUND_TEXT, TEXT)
-        resource = apiset.resource(path.group, path.version, path.resource)
+        resource = self.instance.resource(path.group, path.version, path.resource)
         if resource is None or path.path_verb == "proxy":  # the fake proxies nothing
             return self._send_status(NOT_SERVED)
         verbs = resource["verbs"]
@@ -677,7 +718,10 @@ class Instance:
         self.discovery_offers = (JSON,) + ((AGGREGATED_V2,) if aggregated else ()) + (
             (AGGREGATED_V2BETA1,) if aggregated and accept_v2beta1 else ())
         self._fault = "ok"
+        self.fault_paths: tuple[str, ...] | None = None  # None: the fault applies to every discovery path
         self.discovery_delay_ms = 0
+        # (group, version, resource) → APIResourceDiscovery of types served but not in discovery (/__fake/serve).
+        self.extra_resources: dict[tuple[str, str, str], dict] = {}
         self.oversized_bytes = OVERSIZED_BYTES
         self._log = deque(maxlen=REQUEST_LOG_SIZE)
         self._lock = threading.Lock()
@@ -704,6 +748,23 @@ class Instance:
     @property
     def stopped(self) -> bool:
         return self._stopping.is_set()
+
+    def serve(self, group: str, version: str, resource: str, kind: str, namespaced: bool):
+        """Serve one more resource type, every verb, without listing it in discovery (see /__fake/serve)."""
+        self.extra_resources[(group, version, resource)] = resource_entry(group, version, resource, kind, namespaced)
+
+    def served_extras(self) -> list[dict]:
+        return [{"group": g, "version": v, "resource": r, "kind": e["responseKind"]["kind"],
+                 "namespaced": e["scope"] == "Namespaced"} for (g, v, r), e in self.extra_resources.items()]
+
+    def serves_version(self, group: str, version: str) -> bool:
+        """Whether requests to the group/version are routed at all (its API set's, or an extra type's)."""
+        return self.apiset.serves_version(group, version) or any(
+            (g, v) == (group, version) for g, v, _ in self.extra_resources)
+
+    def resource(self, group: str, version: str, resource: str) -> dict | None:
+        """The APIResourceDiscovery requests to a resource are served by, None when not served."""
+        return self.apiset.resource(group, version, resource) or self.extra_resources.get((group, version, resource))
 
     def version_info(self) -> dict:
         minor = self.apiset.minor

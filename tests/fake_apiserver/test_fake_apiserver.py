@@ -722,3 +722,103 @@ def test_fault_truncated_ignores_if_none_match(old):
     with pytest.raises(http.client.IncompleteRead):
         resp.read()
     conn.close()
+
+
+# --- additions for the membership e2e tests (tests/e2e/test_membership.py) ---------------------------------------
+
+UNAUTHORIZED_BODY = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                     "message": "Unauthorized", "reason": "Unauthorized", "code": 401}
+
+
+def test_fault_401_answers_unauthorized_status_on_every_discovery_path(old):
+    set_fault(old, "401")
+    for path in ("/api", "/apis", "/api/v1", "/apis/apps", "/apis/apps/v1"):
+        for accept in (V2, "application/json", None):
+            resp = get(old, path, accept)
+            assert resp.status == 401, (path, accept)
+            assert resp.headers["Content-Type"] == "application/json"
+            assert resp.json() == UNAUTHORIZED_BODY
+    # Only discovery: resources, /version and health still answer.
+    assert get(old, "/api/v1/namespaces/ns1/configmaps").status == 200
+    assert get(old, "/version").status == 200
+    set_fault(old, "ok")
+    assert get(old, "/apis", V2).status == 200
+
+
+def test_fault_limited_to_paths(old):
+    resp = call(old, "POST", "/__fake/fault", {"discovery": "500", "paths": ["/api", "/apis/apps/v1/"],
+                                               "delay_ms": 300})
+    assert resp.status == 200
+    assert resp.json() == {"discovery": "500", "delay_ms": 300, "paths": ["/api", "/apis/apps/v1"]}
+    assert get(old, "/__fake/fault").json() == resp.json()
+    start = time.monotonic()
+    assert get(old, "/api", V2).status == 500
+    assert get(old, "/apis/apps/v1").status == 500
+    assert time.monotonic() - start >= 0.6, "the delay applies to the listed paths"
+    start = time.monotonic()
+    for path in ("/apis", "/api/v1", "/apis/apps", "/apis/batch/v1"):  # exact paths only
+        assert get(old, path, V2 if path == "/apis" else None).status == 200, path
+    assert time.monotonic() - start < 0.3, "the other paths are not delayed"
+    for bad in ([], "/api", ["api"], [1]):
+        assert call(old, "POST", "/__fake/fault", {"discovery": "500", "paths": bad}).status == 400, bad
+    set_fault(old, "ok")  # a POST without paths applies to every path again
+    assert get(old, "/__fake/fault").json() == {"discovery": "ok"}
+    set_fault(old, "401")
+    assert get(old, "/apis/apps/v1").status == 401
+
+
+def test_serve_adds_a_type_outside_discovery(cluster):
+    a = cluster.start("a", apiset="old")
+    other = cluster.start("other", apiset="old")
+    widgets = "/apis/example.com/v1/namespaces/ns1/widgets"
+    assert get(a, widgets).status == 404 and get(a, widgets).headers["Content-Type"].startswith("text/plain")
+    spec = {"group": "example.com", "version": "v1", "resource": "widgets", "kind": "Widget", "namespaced": True}
+    resp = call(a, "POST", "/__fake/serve", spec)
+    assert resp.status == 200 and resp.json() == [spec]
+    assert get(a, "/__fake/serve").json() == [spec]
+
+    created = call(a, "POST", widgets, {"metadata": {"name": "w1"}, "spec": {"size": 1}})
+    assert created.status == 201, created.body
+    assert (created.json()["kind"], created.json()["apiVersion"]) == ("Widget", "example.com/v1")
+    assert get(a, widgets + "/w1").json()["spec"] == {"size": 1}
+    assert [o["metadata"]["name"] for o in get(a, widgets).json()["items"]] == ["w1"]
+    missing = get(a, widgets + "/nope")
+    assert missing.status == 404 and missing.json()["details"]["name"] == "nope"
+    # A resource of the group/version that was not added: go-restful's 404 for an unknown resource.
+    assert get(a, "/apis/example.com/v1/gadgets").json() == {
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": "the server could not find the requested resource", "reason": "NotFound", "details": {},
+        "code": 404}
+    # Not in discovery (yet), and not served by the other instance.
+    assert get(a, "/apis/example.com/v1").status == 404
+    assert "example.com" not in {g["metadata"]["name"] for g in get(a, "/apis", V2).json()["items"]}
+    assert "example.com" not in {g["name"] for g in get(a, "/apis").json()["groups"]}
+    assert get(other, widgets).status == 404
+
+    cluster_scoped = dict(spec, resource="things", kind="Thing", namespaced=False)
+    assert call(a, "POST", "/__fake/serve", cluster_scoped).status == 200
+    assert call(a, "POST", "/apis/example.com/v1/things", {"metadata": {"name": "t"}}).status == 201
+    assert get(a, "/apis/example.com/v1/namespaces/ns1/things/t").status == 404  # wrong scope
+
+    for bad in ({**spec, "namespaced": "yes"}, {k: v for k, v in spec.items() if k != "kind"},
+                {**spec, "resource": ""}, {**spec, "extra": 1}, {**spec, "group": "a/b"}):
+        assert call(a, "POST", "/__fake/serve", bad).status == 400, bad
+    assert call(a, "DELETE", "/__fake/serve").json() == []
+    assert get(a, widgets + "/w1").status == 404
+
+
+def test_with_resource_adds_a_listed_type_to_a_copy(cluster):
+    from .discovery import builtin_apiset, with_resource
+
+    derived = with_resource("new", "only.example.com", "v1", "gadgets", "Gadget")
+    core = with_resource("old", "", "v1", "gizmos", "Gizmo", namespaced=False)
+    b = cluster.start("b", apiset=derived)
+    c = cluster.start("c", apiset=core)
+    assert "only.example.com" in {g["metadata"]["name"] for g in get(b, "/apis", V2).json()["items"]}
+    assert [r["name"] for r in get(b, "/apis/only.example.com/v1").json()["resources"]] == ["gadgets"]
+    assert call(b, "POST", "/apis/only.example.com/v1/namespaces/ns1/gadgets", {"metadata": {"name": "g"}}).status == 201
+    assert "gizmos" in {r["name"] for r in get(c, "/api/v1").json()["resources"]}
+    assert call(c, "POST", "/api/v1/gizmos", {"metadata": {"name": "z"}}).status == 201
+    assert builtin_apiset("new").resource("only.example.com", "v1", "gadgets") is None
+    with pytest.raises(ValueError):
+        with_resource("old", "apps", "v1", "deployments", "Deployment")

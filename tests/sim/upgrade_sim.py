@@ -326,6 +326,9 @@ def verdict(summaries: dict, min_rate: float = 200.0, min_availability: float = 
             problems.append(f"filter: {s['starting_404']} 404s for a GVR a starting server served")
         if s["wasm_panics"]:
             problems.append(f"filter: {s['wasm_panics']} wasm VM panics (see the Envoy logs)")
+        vm_failed = s["outcomes"][classify.VM503] + s["watch_outcomes"][classify.VM503]
+        if vm_failed:
+            problems.append(f"filter: {vm_failed} answers from a failed wasm VM")
         for cls, pct in s["availability"].items():
             if pct is not None and pct < min_availability:
                 problems.append(f"filter: availability of {cls} {pct:.2f}% < {min_availability:.1f}%")
