@@ -1,92 +1,157 @@
-//! The local-first 404 guard: a request goes to the apiserver the table names (the local one
-//! first), and when the answer is a 404 that might be false — the resource type is not served
-//! there, but a peer serves it or some apiserver's API set is not known yet — it becomes a 503
-//! `Status` with `Retry-After` instead. A 404 for a missing object always stands.
+//! The 404 guard: a request goes where the table says (the local apiserver first), and a 404 that
+//! means "this resource type is not served here" is let through only when it is not false.
 //!
-//! kube-apiserver writes "not served here" two ways (see [`crate::not_found`] for the sources): its
-//! not-found handler's `text/plain` 404 (unknown group/version or CRD version), which settles it from
-//! the headers, and go-restful's `Status` 404 for an unknown resource of a served group/version,
-//! which looks like an object's 404 from the headers. Envoy never shows a proxy-wasm filter a
-//! response body before it has released the headers (proxy-wasm turns a paused response into
-//! `StopAllIterationAndWatermark`), so for a `Status` 404 the filter asks the same server's
-//! discovery for that group/version while the headers wait, and [`resource_listed`] decides.
+//! * **Strict** (the table says a peer serves the resource, the request went to a peer, or some
+//!   member's API set is unknown): such a 404 becomes a 503 `Status` with `Retry-After`.
+//! * **Verified** (nobody else is known to serve it): such a 404 stands only if no other member
+//!   serves the resource *now*. Each other member's discovery of that group/version is asked while
+//!   the 404 waits; one that lists it (it came back as another version since the last round) turns
+//!   the 404 into a 503. A member that cannot be asked counts with what it was last seen to serve.
+//!
+//! A 404 for a missing object always stands. kube-apiserver writes "not served here" two ways (see
+//! [`crate::not_found`] for the sources): the not-found handler's `text/plain` 404 (unknown
+//! group/version or CRD version), which settles it from the headers, and go-restful's `Status` 404
+//! for an unknown resource of a served group/version, which looks like an object's 404 from the
+//! headers. Envoy never shows a proxy-wasm filter a response body before it has released the
+//! headers (proxy-wasm turns a paused response into `StopAllIterationAndWatermark`), so for a
+//! `Status` 404 the answering server's own discovery is asked as well, and [`listed`] decides.
 
 use crate::discovery;
-use crate::not_found;
-use crate::request_info::{self, RequestKind};
+use crate::not_found::{self, NotFound};
+use crate::request_info::{self, NonResource, RequestKind};
+use crate::routing::Gvr;
 use crate::snapshot::{self, Table};
 
-/// What to do with a 404 of a guarded request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum On404 {
-    /// The type is not served there: answer 503.
-    Unavailable,
-    /// Could be a missing object: ask the server's discovery (see [`Question`]).
-    Ask,
+/// Which discovery document tells whether a request's type is served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Question {
+    /// `/api/<v>`, `/apis/<g>/<v>` or `/apis/<g>`.
+    pub path: String,
+    /// `resource` or `resource/subresource` as an `APIResourceList` names it; `None` when the
+    /// request is for the discovery document itself (then a 200 means "served").
+    pub name: Option<String>,
+    /// The metric labels and `Status` details of a 503.
+    pub gvr: Gvr,
 }
 
-/// The first look, from the response's content type and the request.
-pub fn on_404(content_type: &str, question: Option<&Question>) -> On404 {
-    match (not_found::needs_body(content_type), question) {
-        // `text/plain`: the not-found handler. Other non-Status types are not kube-apiserver's
-        // 404s for a served type either; without a resource to ask about, nothing can be a
-        // missing object.
-        (false, _) if not_found::classify(content_type, &[]) == not_found::NotFound::TypeNotServed => {
-            On404::Unavailable
+/// The question for a request, or `None` for requests no 404 guard applies to. A subresource is
+/// asked about as such only if some server is known to serve it; otherwise the request was routed
+/// on its parent resource (see [`crate::routing`]) and the parent is asked about.
+pub fn question(method: &str, path: &str, table: Option<&Table>) -> Option<Question> {
+    let gv = |g: &str, v: &str| Gvr {
+        group: g.to_string(),
+        version: v.to_string(),
+        resource: String::new(),
+    };
+    match request_info::parse(method, path) {
+        RequestKind::Resource(r) => {
+            let sub_known = table.is_none_or(|t| {
+                t.servers_for(&snapshot::subresource_key(
+                    r.group,
+                    r.version,
+                    r.resource,
+                    r.subresource,
+                )) != 0
+            });
+            let name = if r.subresource.is_empty() || !sub_known {
+                r.resource.to_string()
+            } else {
+                format!("{}/{}", r.resource, r.subresource)
+            };
+            Some(Question {
+                path: discovery_path(r.group, r.version),
+                name: Some(name),
+                gvr: Gvr {
+                    group: r.group.to_string(),
+                    version: r.version.to_string(),
+                    resource: r.resource.to_string(),
+                },
+            })
         }
-        (_, None) => On404::Unavailable,
-        (_, Some(_)) => On404::Ask,
+        RequestKind::NonResource(NonResource::CoreVersion(v)) => Some(Question {
+            path: discovery_path("", v),
+            name: None,
+            gvr: gv("", v),
+        }),
+        RequestKind::NonResource(NonResource::GroupVersion(g, v)) => Some(Question {
+            path: discovery_path(g, v),
+            name: None,
+            gvr: gv(g, v),
+        }),
+        RequestKind::NonResource(NonResource::Group(g)) => Some(Question {
+            path: format!("/apis/{g}"),
+            name: None,
+            gvr: gv(g, ""),
+        }),
+        _ => None,
     }
 }
 
-/// Which discovery document tells whether a resource request's type is served.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Question {
-    /// `/api/<v>` or `/apis/<g>/<v>`.
-    pub path: String,
-    /// `resource` or `resource/subresource`, as an `APIResourceList` names it.
-    pub name: String,
+fn discovery_path(group: &str, version: &str) -> String {
+    if group.is_empty() {
+        format!("/api/{version}")
+    } else {
+        format!("/apis/{group}/{version}")
+    }
 }
 
-/// The question for a request, or `None` for requests that are not about a resource. A
-/// subresource is asked about as such only if some server is known to serve it; otherwise the
-/// request was routed on its parent resource (see [`crate::routing`]) and the parent is asked about.
-pub fn question(method: &str, path: &str, table: Option<&Table>) -> Option<Question> {
-    let RequestKind::Resource(r) = request_info::parse(method, path) else {
-        return None;
-    };
-    let sub_known = table.is_none_or(|t| {
-        t.servers_for(&snapshot::subresource_key(
-            r.group,
-            r.version,
-            r.resource,
-            r.subresource,
-        )) != 0
-    });
-    let path = if r.group.is_empty() {
-        format!("/api/{}", r.version)
-    } else {
-        format!("/apis/{}/{}", r.group, r.version)
-    };
-    let name = if r.subresource.is_empty() || !sub_known {
-        r.resource.to_string()
-    } else {
-        format!("{}/{}", r.resource, r.subresource)
-    };
-    Some(Question { path, name })
+/// What the headers of a 404 say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum First {
+    /// The type is not served by the server that answered.
+    TypeNotServed,
+    /// Could be a missing object: the answering server's discovery must be asked.
+    AskServer,
 }
 
-/// The answer to a [`Question`], from the discovery response: `true` if the server lists the
-/// resource (so its 404 is about an object and stands), `false` if it does not or does not serve
-/// the group/version at all (404), `None` if the answer is unusable (the 404 is then treated as
-/// possibly false: a 503 costs a retry, a false 404 can cost data).
-pub fn resource_listed(status: u16, body: &[u8], name: &str) -> Option<bool> {
-    match status {
-        200 => {
+/// The first look at a 404, from its content type and the question.
+pub fn first_look(content_type: &str, question: &Question) -> First {
+    if question.name.is_none() {
+        // A discovery document's 404 has no object behind it.
+        return First::TypeNotServed;
+    }
+    match (
+        not_found::needs_body(content_type),
+        not_found::classify(content_type, &[]),
+    ) {
+        (false, NotFound::TypeNotServed) => First::TypeNotServed,
+        _ => First::AskServer,
+    }
+}
+
+/// Whether a server's discovery answer says it serves what `question` asks about: `Some(true)` if
+/// it lists the resource (or, for a discovery document, answers 200), `Some(false)` if it does not
+/// or does not serve the group/version at all (404), `None` if the answer is unusable (the server
+/// could not be asked).
+pub fn listed(question: &Question, status: u16, body: &[u8]) -> Option<bool> {
+    match (status, &question.name) {
+        (200, None) => Some(true),
+        (200, Some(name)) => {
             let list = discovery::parse_resource_list(body).ok()?;
-            Some(list.resources.iter().any(|r| r.name == name))
+            Some(list.resources.iter().any(|r| &r.name == name))
         }
-        404 => Some(false),
+        (404, _) => Some(false),
         _ => None,
+    }
+}
+
+/// The verdict once the asked servers answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The 404 stands (a missing object, or a type nobody serves).
+    Stand,
+    /// 503 with Retry-After: the 404 might be false.
+    Unavailable,
+}
+
+/// `answering`: what the answering server's discovery said (`Some(false)` when its 404 already
+/// said "type not served"); `strict`: see the module doc; `others`: what each other member said.
+pub fn verdict(answering: Option<bool>, strict: bool, others: &[Option<bool>]) -> Verdict {
+    match answering {
+        Some(true) => Verdict::Stand,
+        None => Verdict::Unavailable,
+        Some(false) if strict => Verdict::Unavailable,
+        Some(false) if others.contains(&Some(true)) => Verdict::Unavailable,
+        Some(false) => Verdict::Stand,
     }
 }

@@ -1245,7 +1245,6 @@ fn huge_durations_do_not_overflow() {
     assert!(s.on_tick(u64::MAX - 1).fetches.is_empty());
 }
 
-
 // --- Lease mode ----------------------------------------------------------------------------------
 
 const LEASE_CONFIG: &str = r#"{
@@ -1265,12 +1264,16 @@ fn lease(host: &str, holder: &str, address: Option<&str>, renew_s: u64, duration
     if let Some(a) = address {
         annotations.insert("kubernetes.io/peer-advertise-address".into(), a.into());
     }
-    let renew = format!("1970-01-01T00:00:00.000000Z");
     let renew = if renew_s == 0 {
-        renew
+        "1970-01-01T00:00:00.000000Z".to_string()
     } else {
         // Seconds since the epoch as RFC 3339 (days are enough for these tests: renew_s < 86400).
-        format!("1970-01-01T{:02}:{:02}:{:02}.000000Z", renew_s / 3600, renew_s / 60 % 60, renew_s % 60)
+        format!(
+            "1970-01-01T{:02}:{:02}:{:02}.000000Z",
+            renew_s / 3600,
+            renew_s / 60 % 60,
+            renew_s % 60
+        )
     };
     serde_json::json!({
         "kind": "Lease", "apiVersion": "coordination.k8s.io/v1",
@@ -1319,16 +1322,31 @@ fn lease_mode_members_join_restart_leave_and_expire() {
     );
     let r = round(&mut s, &fake, 20_000);
     assert!(r.errors.is_empty(), "{:?}", r.errors);
-    let lease_fetch = r.fetches.iter().find(|f| f.path() == LEASES).expect("lease list fetched");
-    assert_eq!(lease_fetch.cluster, "local", "leases are read through the local apiserver");
+    let lease_fetch = r
+        .fetches
+        .iter()
+        .find(|f| f.path() == LEASES)
+        .expect("lease list fetched");
+    assert_eq!(
+        lease_fetch.cluster, "local",
+        "leases are read through the local apiserver"
+    );
     let b = r
         .fetches
         .iter()
         .filter(|f| header(f, LEASE_ADDRESS_HEADER) == Some("127.0.0.12:6443"))
         .map(|f| (f.cluster.as_str(), f.path()))
         .collect::<BTreeSet<_>>();
-    assert_eq!(b, BTreeSet::from([("peers-by-address", "/api"), ("peers-by-address", "/apis")]));
-    assert!(r.fetches.iter().all(|f| header(f, LEASE_ADDRESS_HEADER) != Some("127.0.0.11:6443")), "never our own lease");
+    assert_eq!(
+        b,
+        BTreeSet::from([("peers-by-address", "/api"), ("peers-by-address", "/apis")])
+    );
+    assert!(
+        r.fetches
+            .iter()
+            .all(|f| header(f, LEASE_ADDRESS_HEADER) != Some("127.0.0.11:6443")),
+        "never our own lease"
+    );
     let t = r.publish.expect("snapshot").table;
     let names: Vec<&str> = t.servers.iter().map(|x| x.name.as_str()).collect();
     assert_eq!(names, ["host-a", "host-b", "host-c", "host-d"]);
@@ -1367,15 +1385,21 @@ fn lease_mode_members_join_restart_leave_and_expire() {
     let b_refetch = r
         .fetches
         .iter()
-        .filter(|f| header(f, LEASE_ADDRESS_HEADER) == Some("127.0.0.12:6443"))
-        .last()
+        .rfind(|f| header(f, LEASE_ADDRESS_HEADER) == Some("127.0.0.12:6443"))
         .expect("refetch");
-    assert_eq!(header(b_refetch, "if-none-match"), None, "a restarted server's ETags are forgotten");
+    assert_eq!(
+        header(b_refetch, "if-none-match"),
+        None,
+        "a restarted server's ETags are forgotten"
+    );
     let t = r.publish.expect("snapshot").table;
     let names: Vec<&str> = t.servers.iter().map(|x| x.name.as_str()).collect();
     assert_eq!(names, ["host-a", "host-b", "host-d"], "host-c left when its lease went");
     assert_eq!(t.known_groups, 0b111);
-    assert_eq!(route(&t, "GET", "/apis/nope.io/v1/things"), Decision::Local(LocalReason::NotServedAnywhere));
+    assert_eq!(
+        route(&t, "GET", "/apis/nope.io/v1/things"),
+        Decision::Local(LocalReason::NotServedAnywhere)
+    );
 
     // The lease list cannot be read: membership is kept; host-b's lease expires (renewed at 20 s,
     // 3600 s) only an hour later, but host-d's lease was written with a short duration below.
@@ -1414,12 +1438,19 @@ fn lease_mode_before_the_first_lease_list_membership_is_unknown() {
         guarded(LocalReason::NotServedAnywhere, "nope.io", "v1", "things")
     );
     // A body that is not a lease list keeps it unknown too (and is counted).
-    fake.set("local", LEASES, response(200, "application/json", br#"{"kind":"Status"}"#));
+    fake.set(
+        "local",
+        LEASES,
+        response(200, "application/json", br#"{"kind":"Status"}"#),
+    );
     let r = round(&mut s, &fake, 2000);
     assert_eq!(r.error_kinds(), [("host-a", "decode")]);
     fake.set("local", LEASES, lease_list(vec![]));
     let r = round(&mut s, &fake, 3000);
     let t = r.publish.expect("membership known").table;
     assert!(!t.membership_unknown);
-    assert_eq!(route(&t, "GET", "/apis/nope.io/v1/things"), Decision::Local(LocalReason::NotServedAnywhere));
+    assert_eq!(
+        route(&t, "GET", "/apis/nope.io/v1/things"),
+        Decision::Local(LocalReason::NotServedAnywhere)
+    );
 }

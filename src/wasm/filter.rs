@@ -14,9 +14,9 @@ use proxy_wasm::types::{Action, BufferType, MapType};
 use super::host::{self, Metrics};
 use crate::config::Config;
 use crate::discovery::CONTENT_TYPE_V2;
-use crate::guard::{self, On404};
+use crate::guard::{self, First, Verdict};
 use crate::metrics;
-use crate::routing::{self, Decision, Gvr, MergedDoc, RequestFacts, PEER_PROXIED_HEADER};
+use crate::routing::{self, Decision, Gvr, LocalReason, MergedDoc, RequestFacts, PEER_PROXIED_HEADER};
 use crate::snapshot::{self, Table};
 use crate::status;
 
@@ -120,20 +120,30 @@ pub struct PeerProxy {
     rerouted: Option<(Gvr, String)>,
     /// Set when the local server's discovery answer is to be replaced by a merged document.
     merged: Option<MergedReply>,
-    /// Set when a "type not served here" 404 must become a 503: where the request went.
+    /// Set for requests a 404 guard applies to: where the request went (see [`guard`]).
     guard: Option<Guard>,
-    /// A 404 waiting for discovery: the call's token and the resource name asked about.
-    asking: Option<(u32, String)>,
+    /// A 404 waiting for discovery answers.
+    asking: Option<Asking>,
 }
 
-/// Where a guarded request went (the server asked when its answer is a `Status` 404), and the
-/// request itself (request headers cannot be read in the response phase).
+/// Where a request went, and the request itself (request headers cannot be read in the response
+/// phase). `strict`: a "not served here" 404 is a 503 without asking other members.
 struct Guard {
-    gvr: Gvr,
+    strict: bool,
     cluster: String,
     address: Option<String>,
     method: String,
     path: String,
+}
+
+/// A 404 waiting for the answering server's and the other members' discovery.
+struct Asking {
+    question: guard::Question,
+    strict: bool,
+    /// The answering server's token, or its verdict already known from the 404's headers.
+    answering: Result<Option<bool>, u32>,
+    others: Vec<(u32, Option<bool>)>,
+    pending: usize,
 }
 
 /// A merged discovery answer waiting for the local apiserver's verdict: the local server
@@ -146,6 +156,9 @@ struct MergedReply {
     body: Option<Rc<Vec<u8>>>,
 }
 
+/// At most this many other members are asked about one 404; with more, the 404 is answered 503.
+const MAX_ASKED: usize = 16;
+
 impl PeerProxy {
     pub fn new(shared: Rc<Shared>) -> PeerProxy {
         PeerProxy {
@@ -157,26 +170,67 @@ impl PeerProxy {
         }
     }
 
-    /// Response headers of a guarded request: a "not served here" 404 becomes a 503; a `Status`
-    /// 404 waits for the answering server's discovery to tell which kind it is (see [`guard`]).
+    /// Response headers of a guarded request: a 404 is judged, from its headers when they settle
+    /// it, else while the headers wait for discovery answers (see [`guard`]).
     fn guard_response_headers(&mut self) -> Action {
-        let Some(g) = self.guard.as_ref() else {
+        let Some(g) = self.guard.take() else {
             return Action::Continue;
         };
         let resp = MapType::HttpResponseHeaders;
         if host::header(resp, ":status").as_deref() != Some("404") {
-            self.guard = None;
             return Action::Continue;
         }
-        let content_type = host::header(resp, "content-type").unwrap_or_default();
         let table = self.shared.table();
-        let question = guard::question(&g.method, &g.path, table.as_deref());
-        if guard::on_404(&content_type, question.as_ref()) == On404::Unavailable {
-            return self.guarded_503();
-        }
-        let Some(q) = question else {
-            return self.guarded_503();
+        let Some(question) = guard::question(&g.method, &g.path, table.as_deref()) else {
+            return Action::Continue;
         };
+        let content_type = host::header(resp, "content-type").unwrap_or_default();
+        let answering = match guard::first_look(&content_type, &question) {
+            First::TypeNotServed => Ok(Some(false)),
+            First::AskServer => match self.ask(&question, &g.cluster, g.address.as_deref()) {
+                Some(token) => Err(token),
+                None => Ok(None),
+            },
+        };
+        let mut asking = Asking {
+            question,
+            strict: g.strict,
+            answering,
+            others: Vec::new(),
+            pending: 0,
+        };
+        if !g.strict && asking.answering != Ok(Some(true)) {
+            // Nobody else is known to serve it: a 404 stands only if no other member serves it now.
+            let others: Vec<(String, Option<String>)> = table
+                .iter()
+                .flat_map(|t| t.servers.iter())
+                .filter(|s| !(s.cluster == g.cluster && s.address == g.address))
+                .map(|s| (s.cluster.clone(), s.address.clone()))
+                .collect();
+            if others.len() > MAX_ASKED {
+                return self.guarded_503(&asking.question.gvr);
+            }
+            for (cluster, address) in others {
+                if let Some(token) = self.ask(&asking.question, &cluster, address.as_deref()) {
+                    asking.others.push((token, None));
+                }
+            }
+        }
+        asking.pending = asking.others.len() + usize::from(asking.answering.is_err());
+        if asking.pending == 0 {
+            return self.conclude(asking);
+        }
+        log::debug!(
+            "kube-peer-proxy: a 404 for {} waits for {} discovery answers",
+            g.path,
+            asking.pending
+        );
+        self.asking = Some(asking);
+        Action::Pause
+    }
+
+    /// Asks one server's discovery about `q`; `None` if the call cannot be made.
+    fn ask(&self, q: &guard::Question, cluster: &str, address: Option<&str>) -> Option<u32> {
         let config = &self.shared.config;
         let mut headers: Vec<(&str, &str)> = vec![
             (":method", "GET"),
@@ -186,40 +240,33 @@ impl PeerProxy {
             (PEER_PROXIED_HEADER, "true"),
         ];
         headers.extend(config.discovery_headers.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-        if let (Some(l), Some(a)) = (&config.lease_discovery, &g.address) {
+        if let (Some(l), Some(a)) = (&config.lease_discovery, address) {
             headers.push((&l.address_header, a));
         }
-        let timeout = config.fetch_timeout;
-        match hostcalls::dispatch_http_call(&g.cluster, headers, None, vec![], timeout) {
-            Ok(token) => {
-                log::debug!(
-                    "kube-peer-proxy: a 404 for {} waits for {}{}",
-                    g.path,
-                    g.cluster,
-                    q.path
-                );
-                self.asking = Some((token, q.name));
-                Action::Pause
-            }
+        match hostcalls::dispatch_http_call(cluster, headers, None, vec![], config.fetch_timeout) {
+            Ok(token) => Some(token),
             Err(e) => {
-                log::warn!("kube-peer-proxy: cannot ask {} about a 404: {e:?}", g.cluster);
-                self.guarded_503()
+                log::warn!("kube-peer-proxy: cannot ask {cluster} about a 404: {e:?}");
+                None
             }
         }
     }
 
+    /// The verdict once every answer is in: the 404 stands, or becomes a 503.
+    fn conclude(&mut self, asking: Asking) -> Action {
+        let answering = asking.answering.unwrap_or(None);
+        let others: Vec<Option<bool>> = asking.others.iter().map(|(_, v)| *v).collect();
+        match guard::verdict(answering, asking.strict, &others) {
+            Verdict::Stand => Action::Continue,
+            Verdict::Unavailable => self.guarded_503(&asking.question.gvr),
+        }
+    }
+
     /// A 404 that might be false: 503 with Retry-After.
-    fn guarded_503(&mut self) -> Action {
-        let Some(g) = self.guard.take() else {
-            return Action::Continue;
-        };
-        log::info!(
-            "kube-peer-proxy: a 404 for {:?} from {} might be false; answering 503",
-            g.gvr,
-            g.cluster
-        );
-        let body = status::guarded_not_found(&g.gvr, self.shared.config.retry_after_seconds);
-        self.service_unavailable("guarded_not_found", &g.gvr, body)
+    fn guarded_503(&mut self, gvr: &Gvr) -> Action {
+        log::info!("kube-peer-proxy: a 404 for {gvr:?} might be false; answering 503");
+        let body = status::guarded_not_found(gvr, self.shared.config.retry_after_seconds);
+        self.service_unavailable("guarded_not_found", gvr, body)
     }
 
     fn inc(&self, name: String) {
@@ -294,15 +341,10 @@ impl PeerProxy {
 }
 
 impl Context for PeerProxy {
-    /// The answering server's discovery for a guarded `Status` 404: the 404 stands if it lists
-    /// the resource, else it becomes a 503.
+    /// A discovery answer about a waiting 404; the response resumes (or is replaced) once the
+    /// last one is in.
     fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _trailers: usize) {
-        let Some((asked, name)) = self.asking.take() else {
-            return;
-        };
-        if asked != token {
-            return;
-        }
+        let Some(mut asking) = self.asking.take() else { return };
         let status = if num_headers == 0 {
             0
         } else {
@@ -311,14 +353,25 @@ impl Context for PeerProxy {
                 .unwrap_or(0)
         };
         let body = host::buffer(BufferType::HttpCallResponseBody, body_size);
-        if guard::resource_listed(status, &body, &name) == Some(true) {
-            self.guard = None;
+        let answer = guard::listed(&asking.question, status, &body);
+        if asking.answering == Err(token) {
+            asking.answering = Ok(answer);
+        } else if let Some(slot) = asking.others.iter_mut().find(|(t, _)| *t == token) {
+            slot.1 = answer;
+        } else {
+            self.asking = Some(asking);
+            return;
+        }
+        asking.pending = asking.pending.saturating_sub(1);
+        if asking.pending > 0 {
+            self.asking = Some(asking);
+            return;
+        }
+        if self.conclude(asking) == Action::Continue {
             if let Err(e) = hostcalls::resume_http_response() {
                 log::error!("kube-peer-proxy: cannot resume a response: {e:?}");
             }
-            return;
         }
-        let _ = self.guarded_503();
     }
 }
 
@@ -356,12 +409,22 @@ impl HttpContext for PeerProxy {
         match decision {
             Decision::Local(reason) => {
                 log::debug!("kube-peer-proxy: {method} {path} stays local ({reason:?})");
+                if matches!(reason, LocalReason::ServedLocally | LocalReason::NotServedAnywhere) {
+                    // Its type-404 stands only if no other member serves the resource now.
+                    self.guard = Some(Guard {
+                        strict: false,
+                        cluster: config.local_cluster.clone(),
+                        address: None,
+                        method,
+                        path,
+                    });
+                }
                 Action::Continue
             }
-            Decision::Guarded { reason, gvr } => {
+            Decision::Guarded { reason, .. } => {
                 log::debug!("kube-peer-proxy: {method} {path} stays local ({reason:?}), 404 guarded");
                 self.guard = Some(Guard {
-                    gvr,
+                    strict: true,
                     cluster: config.local_cluster.clone(),
                     address: None,
                     method,
@@ -416,9 +479,9 @@ impl HttpContext for PeerProxy {
                 // Envoy 1.40 already re-picks the route after a header change; this keeps newer
                 // Envoys (which may stop doing so) correct and is harmless otherwise.
                 let _ = hostcalls::call_foreign_function("clear_route_cache", None);
-                self.rerouted = Some((gvr.clone(), server.target().to_string()));
+                self.rerouted = Some((gvr, server.target().to_string()));
                 self.guard = Some(Guard {
-                    gvr,
+                    strict: true,
                     cluster: server.cluster.clone(),
                     address: server.address.clone(),
                     method,
