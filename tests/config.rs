@@ -669,7 +669,10 @@ fn lease_discovery_config() {
     .expect("lease mode");
     let l = c.lease_discovery.clone().expect("lease_discovery");
     assert_eq!(l.cluster, "peers-by-address");
-    assert_eq!(l.address_header, "x-envoy-original-dst-host", "Envoy's default ORIGINAL_DST header");
+    assert_eq!(
+        l.address_header, "x-envoy-original-dst-host",
+        "Envoy's default ORIGINAL_DST header"
+    );
     assert_eq!(l.local_hostname.as_deref(), Some("cp-1"));
     assert_eq!(l.local_address.as_deref(), Some("10.0.0.1:6443"));
     assert_eq!(

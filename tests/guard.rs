@@ -124,10 +124,13 @@ fn answers() {
     assert_eq!(listed(&disc, 404, b""), Some(false));
 }
 
+/// (the answering server's answer, strict, the other members' answers, verdict, why)
+type VerdictRow = (Option<bool>, bool, &'static [Option<bool>], Verdict, &'static str);
+
 #[test]
 fn verdicts() {
     use Verdict::*;
-    let rows: [(Option<bool>, bool, &[Option<bool>], Verdict, &str); 9] = [
+    let rows: [VerdictRow; 9] = [
         (
             Some(true),
             true,

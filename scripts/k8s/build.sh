@@ -2,6 +2,8 @@
 # Builds real control-plane binaries from the Go module proxy into a cache outside the repo:
 #
 #   $KPP_K8S_CACHE/k8s/<version>/kube-apiserver   from k8s.io/kubernetes <version>
+#   $KPP_K8S_CACHE/k8s/<version>/kube-controller-manager, kubeadm   (same module, same build dir: most
+#                                                   packages are shared and compiled once)
 #   $KPP_K8S_CACHE/etcd/<version>/etcd             from go.etcd.io/etcd/server/v3 <version>
 #
 # (KPP_K8S_CACHE defaults to $HOME/.cache/kube-peer-proxy.) Each binary is keyed by version and
@@ -11,6 +13,8 @@
 #
 #   scripts/k8s/build.sh                      # etcd + kube-apiserver v1.36.3 (what `make e2e-k8s` needs)
 #   scripts/k8s/build.sh kube-apiserver v1.35.4
+#   scripts/k8s/build.sh kube-controller-manager v1.36.3
+#   scripts/k8s/build.sh kubeadm v1.36.3
 #   scripts/k8s/build.sh etcd v3.6.8
 #   scripts/k8s/build.sh --path kube-apiserver v1.36.3   # print the cached path (exit 1 if absent)
 set -euo pipefail
@@ -24,7 +28,7 @@ log() { echo "k8s-build: $*" >&2; }
 
 path_of() {  # component version
     case "$1" in
-        kube-apiserver) echo "$CACHE/k8s/$2/kube-apiserver" ;;
+        kube-apiserver|kube-controller-manager|kubeadm) echo "$CACHE/k8s/$2/$1" ;;
         etcd) echo "$CACHE/etcd/$2/etcd" ;;
         *) echo "unknown component $1" >&2; return 2 ;;
     esac
@@ -33,17 +37,19 @@ path_of() {  # component version
 # Go's own caches stay where they are ($GOMODCACHE, $GOCACHE); the module proxy is the only source.
 export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
 
-build_apiserver() {
-    local version="$1" out work minor patch staging_ver modfile
-    out="$(path_of kube-apiserver "$version")"
-    if [[ -x "$out" ]]; then log "kube-apiserver $version cached at $out"; return 0; fi
+build_apiserver() {  # version [component]: any cmd/<component> of k8s.io/kubernetes
+    local version="$1" component="${2:-kube-apiserver}" out work minor patch staging_ver modfile
+    out="$(path_of "$component" "$version")"
+    if [[ -x "$out" ]]; then log "$component $version cached at $out"; return 0; fi
     [[ "$version" =~ ^v1\.([0-9]+)\.([0-9]+)$ ]] || { log "bad version $version"; return 2; }
     minor="${BASH_REMATCH[1]}"; patch="${BASH_REMATCH[2]}"
     staging_ver="v0.$minor.$patch"
-    work="$CACHE/work/kube-apiserver-$version"
-    rm -rf "$work"; mkdir -p "$work"
+    # One work dir per version for every component: the module graph and Go's build cache are shared.
+    work="$CACHE/work/kubernetes-$version"
     local t0=$SECONDS
-    log "kube-apiserver $version: resolving k8s.io/kubernetes@$version (staging modules -> $staging_ver)"
+    if [[ ! -f "$work/go.sum" ]]; then
+    rm -rf "$work"; mkdir -p "$work"
+    log "$component $version: resolving k8s.io/kubernetes@$version (staging modules -> $staging_ver)"
     modfile="$(cd "$work" && go mod download -json "k8s.io/kubernetes@$version" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')"
     local gover
     gover="$(awk '$1=="go"{print $2; exit}' "$modfile")"
@@ -66,10 +72,15 @@ build_apiserver() {
 
 package tools
 
-import _ "k8s.io/kubernetes/cmd/kube-apiserver"
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kubeadm"
+)
 GO
-    log "kube-apiserver $version: $(grep -c '=>' "$work/go.mod") staging replaces; go mod tidy"
+    log "$component $version: $(grep -c '=>' "$work/go.mod") staging replaces; go mod tidy"
     (cd "$work" && go mod tidy)
+    fi
     local ldpkg="k8s.io/component-base/version" date
     date="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
     local ld="-s -w"
@@ -77,13 +88,13 @@ GO
         ld+=" -X '$pkg.gitVersion=$version' -X '$pkg.gitMajor=1' -X '$pkg.gitMinor=$minor'"
         ld+=" -X '$pkg.gitTreeState=clean' -X '$pkg.buildDate=$date' -X '$pkg.gitCommit=module-proxy-$version'"
     done
-    log "kube-apiserver $version: go build (this is the long part: ~10-25 min cold on 2 cores)"
+    log "$component $version: go build (cold: kube-apiserver ~7-10 min on 2 cores; the others reuse most of it)"
     mkdir -p "$(dirname "$out")"
-    (cd "$work" && go build -trimpath -ldflags "$ld" -o "$out.tmp" k8s.io/kubernetes/cmd/kube-apiserver)
-    "$out.tmp" --version >&2
+    (cd "$work" && go build -trimpath -ldflags "$ld" -o "$out.tmp" "k8s.io/kubernetes/cmd/$component")
+    if [[ "$component" == kubeadm ]]; then "$out.tmp" version -o short >&2; else "$out.tmp" --version >&2; fi
     mv "$out.tmp" "$out"
     cp "$work/go.mod" "$work/go.sum" "$(dirname "$out")/"
-    log "kube-apiserver $version: done in $((SECONDS - t0)) s -> $out"
+    log "$component $version: done in $((SECONDS - t0)) s -> $out"
 }
 
 build_etcd() {
@@ -126,7 +137,7 @@ fi
 mkdir -p "$CACHE"
 case "${1:-all}" in
     all) build_etcd "$DEFAULT_ETCD"; build_apiserver "$DEFAULT_K8S" ;;
-    kube-apiserver) build_apiserver "${2:-$DEFAULT_K8S}" ;;
+    kube-apiserver|kube-controller-manager|kubeadm) build_apiserver "${2:-$DEFAULT_K8S}" "$1" ;;
     etcd) build_etcd "${2:-$DEFAULT_ETCD}" ;;
-    *) echo "usage: $0 [all | kube-apiserver VERSION | etcd VERSION | --path COMPONENT VERSION]" >&2; exit 2 ;;
+    *) echo "usage: $0 [all | kube-apiserver|kube-controller-manager|kubeadm VERSION | etcd VERSION | --path COMPONENT VERSION]" >&2; exit 2 ;;
 esac

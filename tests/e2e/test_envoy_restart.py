@@ -1,7 +1,8 @@
 """Restarts of Envoy itself, and what a failing wasm VM does (issue 5, item 4).
 
-* Between Envoy's start and the filter's first snapshot, resource requests get 503 `Status` with `Retry-After`,
-  never a 404 (a restarted Envoy has no routing table until its first discovery round).
+* Between Envoy's start and the filter's first snapshot (a restarted Envoy has no routing table until its first
+  discovery round), requests go to the local apiserver first: what it serves is answered at once, and its "not
+  served here" 404 for a resource only the peers serve becomes a 503 `Status` with `Retry-After`, never a 404.
 * `failure_policy`: render.py sets `FAIL_RELOAD`. What each policy does when the VM traps is measured here with
   a deliberately crashing filter (`crash_filter/`, built by the test; the real filter has no way to be made to
   trap): the request that crashes the VM gets a 503, and then
@@ -23,7 +24,7 @@ import pytest
 import harness
 import render
 from sim.probe import Hammer
-from topology import FAST, V2, Topology, request
+from topology import FAST, Topology, request
 
 NEW_ONLY = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
 COMMON = "/apis/apps/v1/namespaces/default/deployments"
@@ -53,50 +54,61 @@ def describe(answers) -> str:
 
 
 def restart_under_load(topo: Topology, yaml: str, admin: int, old, name: str, hammer: Hammer):
-    """Stops `old`, starts the same bootstrap again; returns (new envoy, t stopped, t first snapshot answer)."""
+    """Stops `old`, starts the same bootstrap again; returns (new envoy, t stopped, t of the first answer for the
+    peer-only resource, i.e. once the first snapshot routes it)."""
     old.stop()
     t_stopped = time.monotonic()
     new = topo.envoys.start(yaml, name, admin)
-    harness.wait_until(lambda: any(a.status == 200 and a.t0 > t_stopped for a in hammer.snapshot()), 20,
-                       message=f"{name}: no 200 after the restart")
-    t_routed = min(a.t1 for a in hammer.snapshot() if a.status == 200 and a.t0 > t_stopped)
-    return new, t_stopped, t_routed
+
+    def routed():
+        return [a.t1 for a in hammer.snapshot() if a.path == NEW_ONLY and a.status == 200 and a.t0 > t_stopped]
+
+    harness.wait_until(routed, 20, message=f"{name}: {NEW_ONLY} never answered after the restart")
+    return new, t_stopped, min(routed())
 
 
-def test_restarted_envoy_answers_503_with_retry_after_until_its_first_snapshot(topo):
+def test_restarted_envoy_serves_local_resources_at_once_and_guards_peer_only_ones_until_its_first_snapshot(topo):
     yaml, topo.port, admin = topo.bootstrap(plugin={"retry_after_seconds": 2})
     envoy = topo.envoys.start(yaml, "a", admin)
-    harness.wait_until(lambda: topo.get("/apis", accept=V2).status == 200, 20, message="no first snapshot")
+    envoy.wait_snapshot(20)
     # Every discovery answer now takes 0.7 s (below the 1 s fetch timeout): the restarted Envoy's first round,
     # and so its first snapshot, comes ~1 s after it starts listening.
     set_discovery_delay(topo, 700)
+    guarded = "kube_peer_proxy_peer_proxy_errors_total;type=guarded_not_found"
     with Hammer(topo.port, mixed, workers=3, pace=0.005) as load:
         time.sleep(0.5)
         envoy, t_stopped, t_routed = restart_under_load(topo, yaml, admin, envoy, "a-restarted", load)
         time.sleep(0.5)
     answers = load.answers
     assert not [a for a in answers if a.status == 404], describe([a for a in answers if a.status == 404])
+    # While Envoy is down the client cannot connect (status 0); t_listening is its first answer after that.
+    t_listening = min(a.t1 for a in answers if a.t0 >= t_stopped and a.status != 0)
     window = [a for a in answers if t_stopped <= a.t0 and a.t1 < t_routed]
-    not_ready = [a for a in window if a.status == 503]
-    # While Envoy is down the client cannot connect; once it listens, 503 Status + Retry-After until the snapshot.
-    assert all(a.status == 0 or a.is_503_status_with_retry_after() for a in window), describe(window)
-    assert len(not_ready) >= 5, f"the no-snapshot window was not observed: {describe(window)}"
-    assert {a.headers["retry-after"] for a in not_ready} == {"2"}
-    assert {a.status_json()["details"]["retryAfterSeconds"] for a in not_ready} == {2}
+    local = [a for a in window if a.path == COMMON and a.status != 0]
+    peer_only = [a for a in window if a.path == NEW_ONLY and a.status != 0]
+    # Local first: the local server's resources never wait for the snapshot.
+    assert all(a.status == 200 and a.served_by == "a" for a in local), describe(local)
+    assert len(local) >= 5, f"the no-snapshot window was not observed: {describe(window)}"
+    assert min(a.t1 for a in local) - t_listening < 0.5, "the first local answer waited"
+    # The peer-only resource: a's 404 might be false (nothing is known yet), so 503 + Retry-After.
+    assert all(a.is_filter_503() for a in peer_only), describe(peer_only)
+    assert len(peer_only) >= 5, f"the no-snapshot window was not observed: {describe(window)}"
+    assert {a.headers["retry-after"] for a in peer_only} == {"2"}
+    assert {a.status_json()["details"]["retryAfterSeconds"] for a in peer_only} == {2}
     after = [a for a in answers if a.t0 > t_routed + 0.1]
     assert after and all(a.status == 200 for a in after), describe([a for a in after if a.status != 200])
     assert {a.served_by for a in after if a.path == NEW_ONLY} <= {"b", "c"}
     assert {a.served_by for a in after if a.path == COMMON} == {"a"}
     topo.envoy = envoy
-    assert topo.counter("kube_peer_proxy_peer_proxy_errors_total;type=not_ready") >= len(not_ready)
-    print(f"restart: Envoy down {min(a.t0 for a in not_ready) - t_stopped:.2f} s, then {len(not_ready)} "
-          f"503 + Retry-After over {t_routed - min(a.t0 for a in not_ready):.2f} s until the first snapshot")
+    assert topo.counter(guarded) >= len(peer_only)
+    print(f"restart: Envoy down {t_listening - t_stopped:.2f} s, then {len(local)} local 200s and "
+          f"{len(peer_only)} 503 + Retry-After over {t_routed - t_listening:.2f} s until the first snapshot")
 
 
 def test_envoy_restart_under_load_without_delay_never_gives_a_404(topo):
     yaml, topo.port, admin = topo.bootstrap()
     envoy = topo.envoys.start(yaml, "a0", admin)
-    harness.wait_until(lambda: topo.get("/apis", accept=V2).status == 200, 20, message="no first snapshot")
+    envoy.wait_snapshot(20)
     with Hammer(topo.port, mixed, workers=3, pace=0.002) as load:
         time.sleep(0.3)
         # No discovery delay here: the window between listening and the first snapshot is as short as it gets.

@@ -4,8 +4,9 @@
   404, never a hang past the cluster's connect timeout) and route to it again within one refresh after it
   returns.
 * A peer whose discovery answers 500, malformed JSON, a truncated body, a timeout or an oversized body keeps
-  its last good data until the staleness limit (still routed to, never a 404 before that), and the sync-error
-  metric counts every failure by type.
+  its last good data until the staleness limit (still routed to), then stays a member known to serve its
+  resources: 503 `Status` with `Retry-After` for them, never a 404, however long it lasts (checked past 3× the
+  staleness limit); the sync-error metric counts every failure by type.
 * When one of two peers serving a GVR dies, traffic moves to the other; the only client-visible errors are
   requests that were already on their way to the dying peer.
 
@@ -123,31 +124,45 @@ MAX_DISCOVERY_BYTES = 1 << 20  # the real documents are < 100 KB; "oversized" se
 
 
 @pytest.mark.parametrize("fault", list(FAULT_TYPES))
-def test_bad_discovery_keeps_last_good_data_until_the_staleness_limit(topo, fault):
+def test_bad_discovery_keeps_last_good_data_then_503_never_404_past_the_staleness_limit(topo, fault):
     only_b_serves_new(topo)
     staleness = 2.0
     topo.start(plugin={"staleness_limit": "2s", "max_discovery_bytes": MAX_DISCOVERY_BYTES})
     assert topo.get(NEW_ONLY).status == 200
     before = sync_errors(topo, "b")
+    unavailable = "kube_peer_proxy_peer_proxy_errors_total;type=peer_unavailable"
+    unavailable_before = topo.counter(unavailable)
     with Hammer(topo.port, new_only_get, workers=2, pace=0.02) as load:
         set_fault(topo.b, fault, oversized_bytes=4 * MAX_DISCOVERY_BYTES)
         t_fault = time.monotonic()
-        # Wait for the staleness limit to drop b: its resources are then served by nobody (a genuine 404).
-        harness.wait_until(lambda: any(a.status == 404 for a in load.snapshot() if a.t0 > t_fault), staleness + 4,
-                           message="b was never dropped after the staleness limit")
-        t_dropped = min(a.t1 for a in load.snapshot() if a.t0 > t_fault and a.status == 404)
-        time.sleep(0.3)
+        # Past the staleness limit b's data is no longer routed to; b still serves the resource as far as
+        # anyone knows, so the answer is a 503, and stays one.
+        harness.wait_until(lambda: any(a.status == 503 for a in load.snapshot() if a.t0 > t_fault), staleness + 4,
+                           message="b's stale data was still routed to long after the staleness limit")
+        t_stale = min(a.t1 for a in load.snapshot() if a.t0 > t_fault and a.status == 503)
+        while time.monotonic() < t_fault + 3 * staleness + 0.5:
+            time.sleep(0.1)
     answers = load.answers
-    kept = [a for a in answers if t_fault <= a.t0 and a.t1 < t_dropped]
+    kept = [a for a in answers if t_fault <= a.t0 and a.t1 < t_stale]
+    unserved = [a for a in answers if a.t0 > t_stale]
     errors = {k: v - before.get(k, 0) for k, v in sync_errors(topo, "b").items() if v - before.get(k, 0)}
 
     assert set(errors) == {FAULT_TYPES[fault]}, errors
     assert errors[FAULT_TYPES[fault]] >= 2, errors  # counted on every failing round, not once
-    # Kept (and never a 404) until the staleness limit; dropped no earlier than it allows.
-    assert t_dropped - t_fault >= staleness - 2 * REFRESH, f"dropped after {t_dropped - t_fault:.2f} s"
+    assert not [a for a in answers if a.status == 404], describe([a for a in answers if a.status == 404])
+    # Kept until the staleness limit, not routed to no earlier than it allows.
+    assert t_stale - t_fault >= staleness - 2 * REFRESH, f"not routed to after {t_stale - t_fault:.2f} s"
     assert kept, "no request while b's data was kept"
     bad = [a for a in kept if not (a.status == 200 and a.served_by == "b")]
     assert not bad, describe(bad)
+    # From then on, to past 3× the staleness limit: the filter's own 503 Status with Retry-After, every time.
+    assert max(a.t0 for a in unserved) - t_fault >= 3 * staleness, "the load did not last 3× the staleness limit"
+    bad = [a for a in unserved if not a.is_filter_503()]
+    assert not bad, describe(bad)
+    assert {a.headers.get("x-kube-peer-proxy-reply") for a in unserved} == {"true"}
+    assert {json.loads(a.body)["message"].split(" serve ")[0] for a in unserved} == {
+        "kube-peer-proxy: the apiservers that"}, "a peer_unavailable 503, not a guarded 404"
+    assert topo.counter(unavailable) - unavailable_before >= len(unserved)
     assert all(a.latency < CONNECT_TIMEOUT + 0.5 for a in answers), describe(sorted(answers, key=lambda a: -a.latency))
 
     # The peer recovers: routed again within about one refresh once its discovery is good.

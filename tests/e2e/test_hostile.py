@@ -72,7 +72,9 @@ def setup(envoys):
         plugin={"refresh_interval": "500ms", "fetch_timeout": "5s", "staleness_limit": "60s"})
     topo.port = port
     topo.envoy = envoys.start(yaml, "a", admin)
-    harness.wait_until(lambda: topo.get("/apis", accept=V2).status == 200, 20, message="no snapshot")
+    # The first snapshot: every member's API set is known from then on (the hostile peer's too), so a
+    # resource nobody serves is the local server's genuine 404 rather than a guarded 503.
+    topo.envoy.wait_snapshot(20)
     yield topo, hostile
     hostile.close()
     topo.close()

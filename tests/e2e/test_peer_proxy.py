@@ -95,24 +95,42 @@ def test_subresource_only_a_peer_serves_is_forwarded_even_though_the_parent_is_l
     assert (r.status, served_by(r)) == (200, "a"), r
 
 
-def test_503_with_retry_after_until_the_first_snapshot(topo):
-    # Every server's discovery hangs: no round can finish before the 10 s fetch timeout.
-    for inst in (topo.a, topo.b, topo.c):
+def test_before_the_first_snapshot_local_requests_succeed_and_peer_only_ones_get_503_never_404(topo):
+    """Local first: no blanket 503 while nothing is known. The local server answers what it serves from the
+    first request; its "not served here" 404 for a resource only the (not yet learned) peers serve becomes a
+    503 Status with Retry-After, never reaching the client as a 404."""
+    # The peers' discovery hangs: no round can finish (and no snapshot exist) before the 10 s fetch timeout.
+    for inst in (topo.b, topo.c):
         assert request(f"{inst.url}/__fake/fault", "POST", body=b'{"discovery":"timeout"}').status == 200
     topo.start(plugin={"fetch_timeout": "10s", "refresh_interval": "1s", "retry_after_seconds": 3},
                wait_snapshot=False)
-    for path in (NEW_ONLY, COMMON):
-        r = topo.get(path)
-        assert r.status == 503, r
-        assert r.headers.get("retry-after") == "3"
-        status = r.json()
-        assert (status["kind"], status["reason"], status["code"]) == ("Status", "ServiceUnavailable", 503)
-        assert status["details"]["retryAfterSeconds"] == 3
+    assert topo.envoy.snapshot_generation() == 0
+    guarded = "kube_peer_proxy_peer_proxy_errors_total;type=guarded_not_found"
+    before = topo.counter(guarded)
+    rounds = 0
+    for _ in range(5):
+        for path in (COMMON, OLD_ONLY, "/api/v1/namespaces/default/configmaps", COMMON + "/missing"):
+            r = topo.get(path)
+            # Stays local, unchanged (a's own 404 for a missing object of a type it serves included).
+            assert served_by(r) == "a" and r.status == (404 if path.endswith("/missing") else 200), (path, r)
+        for path in (NEW_ONLY, NEW_ONLY + "/claim-x", "/apis/lifecycle.k8s.io/v1alpha1"):
+            r = topo.get(path)
+            assert r.status == 503, (path, r)
+            assert r.headers.get("retry-after") == "3"
+            assert r.headers.get("x-kube-peer-proxy-reply") == "true"
+            status = r.json()
+            assert (status["kind"], status["reason"], status["code"]) == ("Status", "ServiceUnavailable", 503)
+            assert status["details"]["retryAfterSeconds"] == 3
+            rounds += 1
+        time.sleep(0.2)
+    assert topo.envoy.snapshot_generation() == 0, "the window without a snapshot ended during the test"
+    assert topo.counter(guarded) - before == rounds
+    # Merged discovery is not answered from an empty snapshot: the local server's own document passes.
     r = topo.get("/apis", accept=V2)
-    assert r.status == 503, "merged discovery must not answer from an empty snapshot"
-    assert topo.get("/healthz").status == 200, "non-resource paths are never held back"
-    assert topo.counter("kube_peer_proxy_peer_proxy_errors_total;type=not_ready") >= 3
-    for inst in (topo.a, topo.b, topo.c):
+    assert (r.status, served_by(r)) == (200, "a")
+    assert r.body == request(f"{topo.a.url}/apis", headers={"Accept": V2}).body
+    assert topo.get("/healthz").status == 200
+    for inst in (topo.b, topo.c):
         request(f"{inst.url}/__fake/fault", "POST", body=b'{"discovery":"ok"}')
     harness.wait_until(lambda: topo.get(NEW_ONLY).status == 200, 25, message="never routed after recovery")
 
@@ -227,12 +245,14 @@ def test_metrics_move_and_are_labelled_in_prometheus(topo):
         assert re.search(rf'^kube_peer_proxy_server_fresh\{{server="{server}"\}} 1$', prom, re.M), prom
 
 
-def test_unreachable_peer_counts_a_sync_error_and_is_dropped_after_the_staleness_limit(topo):
+def test_unreachable_peer_counts_a_sync_error_and_is_not_routed_to_while_another_serves(topo):
     topo.start(plugin={"staleness_limit": "2s"})
     topo.b.stop()
     harness.wait_until(lambda: topo.counter("kube_peer_proxy_discovery_sync_errors_total;type=unreachable;server=b") > 0,
                        10, message="no sync error counted for the stopped peer")
-    # Once b is stale only c serves the new resources.
+    # b stays a member (it still counts as serving the new resources) but is not routed to: only c answers,
+    # right after the failed round and still past the staleness limit.
+    assert {served_by(topo.get(NEW_ONLY)) for _ in range(10)} == {"c"}
     time.sleep(3)
     assert {served_by(topo.get(NEW_ONLY)) for _ in range(10)} == {"c"}
 
