@@ -93,7 +93,7 @@ def _wasm_config(name, root_id, configuration, wasm_path):
 
 def render_bootstrap(*, node, listen_port, admin_port, local, peers, wasm_path, plugin=None,
                      filter_plugin=None, failure_policy="FAIL_RELOAD", with_filter=True,
-                     upstream_tls_sni=None, leases=None):
+                     upstream_tls_sni=None, leases=None, listen_address="127.0.0.1"):
     """Returns the bootstrap as YAML text (JSON is valid YAML).
 
     leases: lease mode instead of `peers` (which must then be empty): the plugin's
@@ -188,7 +188,7 @@ def render_bootstrap(*, node, listen_port, admin_port, local, peers, wasm_path, 
         "static_resources": {
             "listeners": [{
                 "name": "apiserver",
-                "address": {"socket_address": {"address": "127.0.0.1", "port_value": listen_port}},
+                "address": {"socket_address": {"address": listen_address, "port_value": listen_port}},
                 "filter_chains": [{"filters": [{
                     "name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}],
             }],
@@ -201,6 +201,131 @@ def render_bootstrap(*, node, listen_port, admin_port, local, peers, wasm_path, 
             "singleton": True,
             "config": _wasm_config("kube-peer-proxy-discovery", DISCOVERY_ROOT_ID, cfg, wasm_path)}}]
     return json.dumps(bootstrap, indent=2) + "\n"
+
+
+# ---- kubeadm control-plane node profile ---------------------------------------------------------
+# Envoy owns <node-ip>:6443 (what the `kubernetes` Service endpoints and every kubeadm kubeconfig
+# point at), the apiserver moves to 127.0.0.1:6443, and peers reach each other through a dedicated
+# peer listener (<node-ip>:6444) that only accepts the front-proxy CA. docs/deploy.md explains why.
+
+# kubeadm's --requestheader-* defaults (cmd/kubeadm/app/phases/controlplane/manifests.go).
+KUBEADM_REQUESTHEADER = {"username_headers": ["x-remote-user"], "uid_headers": [],
+                         "group_headers": ["x-remote-group"], "extra_headers_prefixes": ["x-remote-extra-"]}
+# Who the proxy's own requests (discovery, lease list, the 404 guard's questions) are, asserted with the
+# front-proxy client certificate; RBAC in deploy/rbac.yaml.
+DISCOVERY_USER = "system:kube-peer-proxy"
+KUBEADM_SNI = "kubernetes.default.svc"
+
+
+def _tls_upstream(pki, sni=KUBEADM_SNI):
+    """Upstream TLS: the apiserver's certificate verified (cluster CA + a SAN every kubeadm apiserver
+    certificate has), and the front-proxy client certificate presented."""
+    return {"name": "envoy.transport_sockets.tls", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+        "sni": sni,
+        "common_tls_context": {
+            "tls_certificates": [{"certificate_chain": {"filename": f"{pki}/front-proxy-client.crt"},
+                                  "private_key": {"filename": f"{pki}/front-proxy-client.key"}}],
+            "validation_context": {
+                "trusted_ca": {"filename": f"{pki}/ca.crt"},
+                "match_typed_subject_alt_names": [{"san_type": "DNS", "matcher": {"exact": sni}}]}}}}
+
+
+def _tls_downstream(pki, client_ca, require_client_certificate):
+    return {"name": "envoy.transport_sockets.tls", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+        "require_client_certificate": require_client_certificate,
+        "common_tls_context": {
+            "tls_certificates": [{"certificate_chain": {"filename": f"{pki}/apiserver.crt"},
+                                  "private_key": {"filename": f"{pki}/apiserver.key"}}],
+            "validation_context": {"trusted_ca": {"filename": client_ca}},
+            "alpn_protocols": ["h2", "http/1.1"]}}}
+
+
+def _strip_headers(names, prefixes):
+    """Early header mutation: runs before every filter and before routing, so a failed or bypassed
+    filter cannot forward a client's copy of these headers."""
+    mutations = [{"remove": n} for n in names]
+    mutations += [{"remove_on_match": {"key_matcher": {"prefix": p, "ignore_case": True}}} for p in prefixes]
+    return [{"name": "envoy.http.early_header_mutation.header_mutation", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation",
+        "mutations": mutations}}]
+
+
+def _access_log(path):
+    return [{"name": "envoy.access_loggers.file", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+        "path": path,
+        "log_format": {"json_format": {
+            "start": "%START_TIME%", "method": "%REQ(:METHOD)%", "path": "%REQ(:PATH)%",
+            "code": "%RESPONSE_CODE%", "flags": "%RESPONSE_FLAGS%", "cluster": "%UPSTREAM_CLUSTER%",
+            "upstream_host": "%UPSTREAM_HOST%", "peer_proxied": "%REQ(X-KUBERNETES-PEER-PROXIED)%",
+            "audit_id": "%REQ(AUDIT-ID)%", "client": "%DOWNSTREAM_REMOTE_ADDRESS%",
+            "user": "%REQ(X-REMOTE-USER)%", "duration_ms": "%DURATION%"}}}}]
+
+
+def render_kubeadm(*, node, node_ip, apiserver, pki, wasm_path, peers=None, leases=None, admin_port=9901,
+                   port=6443, peer_port=6444, access_log=None, requestheader=None, plugin=None,
+                   peer_allowed_names=("front-proxy-client",)):
+    """The bootstrap of one kubeadm control-plane node (JSON text).
+
+    apiserver: (host, port) the local kube-apiserver now binds (127.0.0.1:6443 on a real node);
+    pki: a kubeadm PKI directory (/etc/kubernetes/pki); peers: [(name, node_ip)] of the other
+    control-plane nodes, reached at their peer listener, or leases: lease mode (the peers' identity
+    leases advertise <node-ip>:<peer-port>, e.g. --peer-advertise-ip/--peer-advertise-port).
+    """
+    rh = dict(requestheader or KUBEADM_REQUESTHEADER)
+    cfg = {"client_identity": rh, "discovery_headers": {rh["username_headers"][0]: DISCOVERY_USER},
+           "refresh_interval": "2s", "fetch_timeout": "2s", "staleness_limit": "15s"}
+    cfg.update(plugin or {})
+    text = render_bootstrap(
+        node=node, listen_port=port, admin_port=admin_port, local=apiserver,
+        peers=[] if leases is not None else [(n, ip, peer_port) for n, ip in (peers or [])],
+        wasm_path=wasm_path, plugin=cfg, upstream_tls_sni=KUBEADM_SNI, leases=leases, listen_address=node_ip)
+    b = json.loads(text)
+    for c in b["static_resources"]["clusters"]:
+        c["transport_socket"] = _tls_upstream(pki)
+    listener = b["static_resources"]["listeners"][0]
+    chain = listener["filter_chains"][0]
+    chain["transport_socket"] = _tls_downstream(pki, f"{pki}/ca.crt", False)
+    hcm = chain["filters"][0]["typed_config"]
+    identity = rh["username_headers"] + rh["uid_headers"] + rh["group_headers"]
+    hcm["early_header_mutation_extensions"] = _strip_headers(
+        identity + [ROUTE_HEADER, ADDRESS_HEADER, "x-forwarded-for"], rh["extra_headers_prefixes"])
+    # X-Forwarded-For is the client's address, from the connection: audit's sourceIPs show the client.
+    hcm["use_remote_address"] = True
+    hcm["http2_protocol_options"] = {"allow_connect": True}
+    if access_log:
+        hcm["access_log"] = _access_log(access_log)
+    # The peer listener: other nodes' proxies only (front-proxy CA, allowed names), straight to the
+    # local apiserver with the identity the sending proxy asserted; never forwarded again.
+    peer_hcm = {
+        "@type": hcm["@type"], "stat_prefix": "peers", "codec_type": "AUTO",
+        "normalize_path": False, "merge_slashes": False, "path_with_escaped_slashes_action": "KEEP_UNCHANGED",
+        "stream_idle_timeout": "0s", "request_timeout": "0s",
+        "upgrade_configs": [{"upgrade_type": "websocket"}, {"upgrade_type": "SPDY/3.1"}],
+        "early_header_mutation_extensions": _strip_headers([ROUTE_HEADER, ADDRESS_HEADER], []),
+        "route_config": {"name": "peers", "virtual_hosts": [{"name": "local", "domains": ["*"], "routes": [
+            {"match": {"prefix": "/"}, "route": {"cluster": "local", "timeout": "0s"}}]}]},
+        "http_filters": [
+            {"name": "envoy.filters.http.rbac", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC",
+                "rules": {"action": "ALLOW", "policies": {"front-proxy": {
+                    "permissions": [{"any": True}],
+                    "principals": [{"authenticated": {"principal_name": {"exact": f"CN={n}"}}}
+                                   for n in peer_allowed_names]}}}}},
+            {"name": "envoy.filters.http.router", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}],
+    }
+    if access_log:
+        peer_hcm["access_log"] = _access_log(access_log)
+    b["static_resources"]["listeners"].append({
+        "name": "peers",
+        "address": {"socket_address": {"address": node_ip, "port_value": peer_port}},
+        "filter_chains": [{"transport_socket": _tls_downstream(pki, f"{pki}/front-proxy-ca.crt", True),
+                           "filters": [{"name": "envoy.filters.network.http_connection_manager",
+                                        "typed_config": peer_hcm}]}]})
+    return json.dumps(b, indent=2) + "\n"
 
 
 # The `make run` demo: apiserver a is old (1.33 API set), b and c are new (1.37-dev set).
@@ -234,6 +359,8 @@ def main(argv=None):
         for name, text in demo_bootstraps().items():
             (out / f"{name}.yaml").write_text(text)
         return
+    if "--kubeadm" in argv:
+        return _main_kubeadm(argv)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--node", required=True)
     p.add_argument("--listen", type=int, required=True)
@@ -255,6 +382,28 @@ def main(argv=None):
         wasm_path=a.wasm, plugin=json.loads(a.plugin_json) if a.plugin_json else None,
         upstream_tls_sni=a.upstream_tls_sni,
         leases={"local_hostname": a.lease_local_hostname} if a.lease_local_hostname else None))
+
+
+def _main_kubeadm(argv):
+    """`--kubeadm PKI_DIR`: the bootstrap of one kubeadm control-plane node (docs/deploy.md)."""
+    p = argparse.ArgumentParser(prog="render.py --kubeadm")
+    p.add_argument("--kubeadm", required=True, metavar="PKI_DIR", help="kubeadm PKI directory (/etc/kubernetes/pki)")
+    p.add_argument("--node", required=True, help="this node's name (metrics, logs)")
+    p.add_argument("--node-ip", required=True, help="the node's address: Envoy takes :6443 and :6444 there")
+    p.add_argument("--apiserver", default="127.0.0.1:6443", help="where the local kube-apiserver now binds")
+    p.add_argument("--peer", action="append", default=[], help="name=node-ip of another control-plane node")
+    p.add_argument("--lease-local-hostname", default=None, help="lease mode: this node's kubernetes.io/hostname")
+    p.add_argument("--wasm", required=True)
+    p.add_argument("--admin-port", type=int, default=9901)
+    p.add_argument("--access-log", default=None)
+    a = p.parse_args(argv)
+    if bool(a.peer) == bool(a.lease_local_hostname):
+        p.error("give --peer for each other node, or --lease-local-hostname (lease mode)")
+    sys.stdout.write(render_kubeadm(
+        node=a.node, node_ip=a.node_ip, apiserver=_hostport(a.apiserver), pki=a.kubeadm, wasm_path=a.wasm,
+        peers=[tuple(x.split("=", 1)) for x in a.peer] or None,
+        leases={"local_hostname": a.lease_local_hostname} if a.lease_local_hostname else None,
+        admin_port=a.admin_port, access_log=a.access_log))
 
 
 if __name__ == "__main__":

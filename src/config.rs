@@ -59,6 +59,9 @@ pub struct Config {
     pub merged_discovery: bool,
     /// Peers from identity leases instead of `peers`.
     pub lease_discovery: Option<LeaseDiscovery>,
+    /// Assert verified client certificates' identity to the apiservers in these request headers
+    /// (the apiservers' `--requestheader-*` names); clients' copies of them are always removed.
+    pub client_identity: Option<crate::identity::RequestHeaderNames>,
 }
 
 impl Default for Config {
@@ -77,6 +80,7 @@ impl Default for Config {
             max_discovery_bytes: 16 << 20,
             merged_discovery: true,
             lease_discovery: None,
+            client_identity: None,
         }
     }
 }
@@ -95,6 +99,14 @@ const FIELDS: &[&str] = &[
     "max_discovery_bytes",
     "merged_discovery",
     "lease_discovery",
+    "client_identity",
+];
+
+const IDENTITY_FIELDS: &[&str] = &[
+    "username_headers",
+    "uid_headers",
+    "group_headers",
+    "extra_headers_prefixes",
 ];
 
 const LEASE_FIELDS: &[&str] = &["cluster", "address_header", "local_hostname", "local_address", "hosts"];
@@ -167,6 +179,16 @@ impl Config {
         }
         c.peers = peers(obj, &c)?;
         c.lease_discovery = lease_discovery(obj, &c)?;
+        c.client_identity = client_identity(obj)?;
+        if let Some(id) = &c.client_identity {
+            let route = c.route_header.as_str();
+            let address = c.lease_discovery.as_ref().map(|l| l.address_header.as_str());
+            for h in [Some(route), address].into_iter().flatten() {
+                if id.is_identity_header(h) {
+                    return Err(format!("client_identity: {h:?} is also a routing header"));
+                }
+            }
+        }
         Ok(c)
     }
 
@@ -295,6 +317,53 @@ fn lease_discovery(obj: &Map<String, Value>, c: &Config) -> Result<Option<LeaseD
         local_hostname,
         local_address,
         hosts,
+    }))
+}
+
+fn client_identity(obj: &Map<String, Value>) -> Result<Option<crate::identity::RequestHeaderNames>, String> {
+    let Some(v) = obj.get("client_identity") else {
+        return Ok(None);
+    };
+    let o = v
+        .as_object()
+        .ok_or_else(|| format!("client_identity: expected an object, got {}", kind(v)))?;
+    for k in o.keys() {
+        if !IDENTITY_FIELDS.contains(&k.as_str()) {
+            return Err(format!(
+                "client_identity.{k}: unknown field (known: {})",
+                IDENTITY_FIELDS.join(", ")
+            ));
+        }
+    }
+    let names = |field: &str, required: bool| -> Result<Vec<String>, String> {
+        let f = format!("client_identity.{field}");
+        let list = match o.get(field) {
+            None if required => return Err(format!("{f}: missing")),
+            None => return Ok(Vec::new()),
+            Some(Value::Array(a)) => a,
+            Some(other) => return Err(format!("{f}: expected an array of header names, got {}", kind(other))),
+        };
+        let mut out = Vec::new();
+        for (i, n) in list.iter().enumerate() {
+            let n = n
+                .as_str()
+                .ok_or_else(|| format!("{f}[{i}]: expected a string, got {}", kind(n)))?
+                .to_ascii_lowercase();
+            if n.is_empty() || n.starts_with(':') || !n.bytes().all(is_header_char) {
+                return Err(format!("{f}[{i}]: {n:?} is not a valid header name"));
+            }
+            out.push(n);
+        }
+        if required && out.is_empty() {
+            return Err(format!("{f}: must name at least one header"));
+        }
+        Ok(out)
+    };
+    Ok(Some(crate::identity::RequestHeaderNames {
+        username: names("username_headers", true)?,
+        uid: names("uid_headers", false)?,
+        group: names("group_headers", true)?,
+        extra_prefix: names("extra_headers_prefixes", false)?,
     }))
 }
 

@@ -45,3 +45,19 @@ pub fn guarded_not_found(gvr: &crate::routing::Gvr, retry_after_seconds: u32) ->
     .to_string()
     .into_bytes()
 }
+
+/// 401 for a verified client certificate whose identity cannot be asserted faithfully (for example a
+/// subject the parser refuses): never guessed at, never downgraded to anonymous.
+pub fn unauthorized(message: &str) -> Vec<u8> {
+    serde_json::json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": format!("kube-peer-proxy: {message}"),
+        "reason": "Unauthorized",
+        "code": 401,
+    })
+    .to_string()
+    .into_bytes()
+}

@@ -559,6 +559,48 @@ fn rejections_name_the_field() {
             field: "lease_discovery.hosts.cp-2",
             contains: "not an ip:port",
         },
+        Bad {
+            desc: "client_identity not an object",
+            json: r#"{"local_cluster":"a","client_identity":true}"#,
+            field: "client_identity",
+            contains: "expected an object",
+        },
+        Bad {
+            desc: "client_identity unknown field",
+            json: r#"{"local_cluster":"a","client_identity":{"username_headers":["x-remote-user"],"group_headers":["x-remote-group"],"users":[]}}"#,
+            field: "client_identity.users",
+            contains: "unknown field",
+        },
+        Bad {
+            desc: "client_identity without username headers",
+            json: r#"{"local_cluster":"a","client_identity":{"group_headers":["x-remote-group"]}}"#,
+            field: "client_identity.username_headers",
+            contains: "missing",
+        },
+        Bad {
+            desc: "client_identity empty username headers",
+            json: r#"{"local_cluster":"a","client_identity":{"username_headers":[],"group_headers":["x-remote-group"]}}"#,
+            field: "client_identity.username_headers",
+            contains: "at least one",
+        },
+        Bad {
+            desc: "client_identity header not a string",
+            json: r#"{"local_cluster":"a","client_identity":{"username_headers":[1],"group_headers":["x-remote-group"]}}"#,
+            field: "client_identity.username_headers[0]",
+            contains: "expected a string",
+        },
+        Bad {
+            desc: "client_identity invalid header",
+            json: r#"{"local_cluster":"a","client_identity":{"username_headers":["x remote"],"group_headers":["x-remote-group"]}}"#,
+            field: "client_identity.username_headers[0]",
+            contains: "not a valid header name",
+        },
+        Bad {
+            desc: "client_identity prefix covering the route header",
+            json: r#"{"local_cluster":"a","client_identity":{"username_headers":["x-remote-user"],"group_headers":["x-remote-group"],"extra_headers_prefixes":["x-kube-"]}}"#,
+            field: "client_identity",
+            contains: "routing header",
+        },
     ];
     for row in rows {
         let err = Config::parse(row.json.as_bytes()).expect_err(row.desc);
@@ -683,4 +725,23 @@ fn lease_discovery_config() {
         ]
     );
     assert_eq!(c.clusters().collect::<Vec<_>>(), ["local", "peers-by-address"]);
+}
+
+#[test]
+fn client_identity_config() {
+    let c = Config::parse(
+        br#"{"local_cluster":"local","client_identity":{"username_headers":["X-Remote-User"],
+             "group_headers":["x-remote-group"],"extra_headers_prefixes":["X-Remote-Extra-"]}}"#,
+    )
+    .expect("client identity");
+    let id = c.client_identity.expect("client_identity");
+    assert_eq!(
+        id,
+        kube_peer_proxy::identity::RequestHeaderNames::default(),
+        "kubeadm's names, lower-cased"
+    );
+    assert!(Config::parse(br#"{"local_cluster":"local"}"#)
+        .expect("plain")
+        .client_identity
+        .is_none());
 }

@@ -15,6 +15,7 @@ use super::host::{self, Metrics};
 use crate::config::Config;
 use crate::discovery::CONTENT_TYPE_V2;
 use crate::guard::{self, First, Verdict};
+use crate::identity;
 use crate::metrics;
 use crate::routing::{self, Decision, Gvr, LocalReason, MergedDoc, RequestFacts, PEER_PROXIED_HEADER};
 use crate::snapshot::{self, Table};
@@ -104,6 +105,34 @@ impl Shared {
             MergedDoc::ApisLegacy => cache.apis_legacy.clone(),
         }
     }
+}
+
+/// Removes every client copy of the request-header identity names (Envoy's early header mutation
+/// already did; this holds even if the bootstrap does not), then asserts the identity of a verified
+/// client certificate as kube-apiserver's x509 authenticator would see it (see [`identity`]).
+/// Envoy verified the certificate (chain, expiry, client-auth purpose) or refused the handshake.
+fn assert_client_identity(names: &identity::RequestHeaderNames) -> Result<(), String> {
+    let req = MapType::HttpRequestHeaders;
+    for (name, _) in host::headers(req) {
+        if names.is_identity_header(&name) {
+            host::set_header(req, &name, None);
+        }
+    }
+    let Some(subject) = host::property(&["connection", "subject_peer_certificate"]).filter(|s| !s.is_empty()) else {
+        return Ok(());
+    };
+    let Some(id) =
+        identity::from_subject(&subject).map_err(|e| format!("client certificate subject {subject:?}: {e}"))?
+    else {
+        // No CN: kube-apiserver would not authenticate this certificate either.
+        return Ok(());
+    };
+    for (name, value) in names.assert(&id)? {
+        if !host::add_header(req, &name, &value) {
+            return Err(format!("cannot add header {name}"));
+        }
+    }
+    Ok(())
 }
 
 /// Whether a filter recently failed to connect to `servers[index]` (see [`snapshot::down_key`]).
@@ -386,6 +415,17 @@ impl HttpContext for PeerProxy {
         if let Some(l) = &config.lease_discovery {
             if host::header(req, &l.address_header).is_some() {
                 host::set_header(req, &l.address_header, None);
+            }
+        }
+        if let Some(names) = &config.client_identity {
+            if let Err(message) = assert_client_identity(names) {
+                log::warn!("kube-peer-proxy: refusing a request: {message}");
+                let body = status::unauthorized(&message);
+                return self.reply(
+                    401,
+                    vec![("content-type", "application/json"), (FILTER_REPLY_HEADER, "true")],
+                    Some(&body),
+                );
             }
         }
         let method = host::header(req, ":method").unwrap_or_default();

@@ -52,6 +52,20 @@ extern "C" {
         value_size: usize,
     ) -> u32;
     fn proxy_remove_header_map_value(map_type: MapType, key_data: *const u8, key_size: usize) -> u32;
+    fn proxy_add_header_map_value(
+        map_type: MapType,
+        key_data: *const u8,
+        key_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+    ) -> u32;
+}
+
+/// Adds a header line (one more value for a repeated header); returns whether the host accepted it.
+pub fn add_header(map: MapType, name: &str, value: &str) -> bool {
+    // SAFETY: pointers and lengths come from live `&str`s; the host copies the bytes.
+    let status = unsafe { proxy_add_header_map_value(map, name.as_ptr(), name.len(), value.as_ptr(), value.len()) };
+    status == 0
 }
 
 /// Sets (or with `None` removes) a header; returns whether the host accepted it.
