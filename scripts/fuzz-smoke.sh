@@ -15,7 +15,7 @@ if ! cargo fuzz --version 2>/dev/null | grep -q "$CARGO_FUZZ_VERSION"; then
     cargo install --locked "cargo-fuzz@$CARGO_FUZZ_VERSION"
 fi
 cargo +nightly fuzz build
-targets=(request_info discovery config leases not_found)
+targets=(request_info discovery config leases not_found identity)
 for target in "${targets[@]}"; do
     out="$(mktemp -d)"
     echo "fuzz-smoke: $target for ${SECONDS_EACH}s"
