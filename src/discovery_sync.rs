@@ -723,15 +723,12 @@ impl Syncer {
     }
 }
 
-/// Local server first, then peers by name: the merge's precedence and a stable table layout.
+/// Servers by name, the local one not privileged (upstream `peer_aggregated_handler.go` sorts by
+/// server identity): the merge's precedence, so every node that sees the same documents builds the
+/// same merged documents and ETags, and a stable table layout.
 fn ordered(servers: &[Server]) -> Vec<&Server> {
     let mut v: Vec<&Server> = servers.iter().filter(|s| !s.leaving).collect();
-    v.sort_by(|a, b| {
-        b.reference
-            .local
-            .cmp(&a.reference.local)
-            .then(a.reference.name.cmp(&b.reference.name))
-    });
+    v.sort_by(|a, b| a.reference.name.cmp(&b.reference.name));
     v
 }
 

@@ -35,8 +35,9 @@ pub struct Question {
 }
 
 /// The question for a request, or `None` for requests no 404 guard applies to. A subresource is
-/// asked about as such only if some server is known to serve it; otherwise the request was routed
-/// on its parent resource (see [`crate::routing`]) and the parent is asked about.
+/// asked about as such if some server is known to serve it or some member's API set is unknown;
+/// otherwise the request was routed on its parent resource (see [`crate::routing`]) and the parent
+/// is asked about.
 pub fn question(method: &str, path: &str, table: Option<&Table>) -> Option<Question> {
     let gv = |g: &str, v: &str| Gvr {
         group: g.to_string(),
@@ -45,13 +46,15 @@ pub fn question(method: &str, path: &str, table: Option<&Table>) -> Option<Quest
     };
     match request_info::parse(method, path) {
         RequestKind::Resource(r) => {
+            // While some member's API set there is unknown, that member may serve the subresource.
             let sub_known = table.is_none_or(|t| {
-                t.servers_for(&snapshot::subresource_key(
-                    r.group,
-                    r.version,
-                    r.resource,
-                    r.subresource,
-                )) != 0
+                t.incomplete(r.group, r.version)
+                    || t.servers_for(&snapshot::subresource_key(
+                        r.group,
+                        r.version,
+                        r.resource,
+                        r.subresource,
+                    )) != 0
             });
             let name = if r.subresource.is_empty() || !sub_known {
                 r.resource.to_string()
@@ -84,6 +87,21 @@ pub fn question(method: &str, path: &str, table: Option<&Table>) -> Option<Quest
             gvr: gv(g, ""),
         }),
         _ => None,
+    }
+}
+
+impl Question {
+    /// The table key of what is asked about (see [`snapshot::resource_key`] and friends).
+    pub fn table_key(&self) -> String {
+        let g = &self.gvr;
+        match (&self.name, g.version.is_empty()) {
+            (None, true) => snapshot::group_key(&g.group),
+            (None, false) => snapshot::version_key(&g.group, &g.version),
+            (Some(name), _) => match name.split_once('/') {
+                Some((res, sub)) => snapshot::subresource_key(&g.group, &g.version, res, sub),
+                None => snapshot::resource_key(&g.group, &g.version, name),
+            },
+        }
     }
 }
 
@@ -145,9 +163,12 @@ pub enum Verdict {
 }
 
 /// `answering`: what the answering server's discovery said (`Some(false)` when its 404 already
-/// said "type not served"); `strict`: see the module doc; `others`: what each other member said.
-pub fn verdict(answering: Option<bool>, strict: bool, others: &[Option<bool>]) -> Verdict {
-    match answering {
+/// said "type not served"); `last_seen`: whether the table says the answering server serves it,
+/// which stands in when its discovery cannot be asked (e.g. the discovery credential is refused:
+/// then an object's 404 must still pass, or Get-then-Create controllers stall); `strict`: see the
+/// module doc; `others`: what each other member said.
+pub fn verdict(answering: Option<bool>, last_seen: bool, strict: bool, others: &[Option<bool>]) -> Verdict {
+    match answering.or(Some(last_seen).filter(|l| *l)) {
         Some(true) => Verdict::Stand,
         None => Verdict::Unavailable,
         Some(false) if strict => Verdict::Unavailable,

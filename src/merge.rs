@@ -1,14 +1,14 @@
-//! Peer-aggregated discovery: the union of every fresh server's discovery document, built like
-//! upstream's `peer_aggregated_handler.go` with one deliberate difference: the local server comes
-//! first (its metadata wins on conflicts), then peers sorted by name, so the result does not
-//! depend on the order peers answered in.
+//! Peer-aggregated discovery: the union of every member's last-known discovery document, built like
+//! upstream's `peer_aggregated_handler.go` (`staging/src/k8s.io/apiserver/pkg/endpoints/discovery/aggregated/peer_aggregated_handler.go`):
+//! servers in name order, the local one not privileged, so every node builds the same bytes.
+//! Deliberate differences from upstream are listed on [`merge_version`] and in the README.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 
 use crate::discovery::{GroupDiscovery, ResourceDiscovery, VersionDiscovery};
 
-/// Merges group lists given in precedence order (local first).
+/// Merges group lists given in precedence order (servers sorted by name).
 pub fn merge_groups(servers: &[&[GroupDiscovery]]) -> Vec<GroupDiscovery> {
     let mut merged: HashMap<&str, GroupDiscovery> = HashMap::new();
     let mut orders: Vec<Vec<&str>> = Vec::new();
@@ -47,8 +47,10 @@ fn merge_group(a: &mut GroupDiscovery, b: &GroupDiscovery) {
     }
 }
 
+/// Differs from upstream on purpose: a version one server serves currently stays current in the
+/// merge even if an earlier server reports it Stale (upstream keeps the first server's freshness,
+/// which hides a version from clients while a newer server already serves it).
 fn merge_version(a: &mut VersionDiscovery, b: &VersionDiscovery) {
-    // A version one server serves currently is served, even if another reports it Stale.
     if a.is_stale() && !b.is_stale() {
         a.freshness = b.freshness.clone();
     }

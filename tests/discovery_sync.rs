@@ -1166,8 +1166,8 @@ fn merge_is_independent_of_peer_order_and_answer_order() {
 }
 
 #[test]
-fn local_first_then_peers_by_name_in_the_merge() {
-    // A peer whose name sorts before the local server still comes after it.
+fn servers_in_name_order_the_local_one_not_privileged() {
+    // A peer whose name sorts before the local server comes first: every node builds the same merge.
     let json =
         r#"{"local_cluster":"zz-local","local_name":"zz-local","peers":[{"name":"aa-peer","cluster":"aa-peer"}]}"#;
     let mut s = Syncer::new(&Config::parse(json.as_bytes()).expect("config"));
@@ -1191,7 +1191,7 @@ fn local_first_then_peers_by_name_in_the_merge() {
     let p = r.publish.expect("snapshot");
     assert_eq!(
         p.table.servers.iter().map(|x| x.name.as_str()).collect::<Vec<_>>(),
-        ["zz-local", "aa-peer"]
+        ["aa-peer", "zz-local"]
     );
     let merged = parse_aggregated(&p.merged_apis).expect("merged");
     let things = merged
@@ -1200,13 +1200,16 @@ fn local_first_then_peers_by_name_in_the_merge() {
         .and_then(|g| g.versions.first())
         .and_then(|v| v.resources.first())
         .expect("things");
-    assert_eq!(things.singular_resource, "local-singular");
+    assert_eq!(
+        things.singular_resource, "peer-singular",
+        "the first server by name wins"
+    );
     assert_eq!(things.subresources.len(), 1);
     // Both /api answered 404: the merged /api is an empty list.
     assert_eq!(parse_aggregated(&p.merged_api).expect("api").items.len(), 0);
     assert_eq!(
         route(&p.table, "PUT", "/apis/x.io/v1/namespaces/a/things/t/status"),
-        to(1, "x.io", "v1", "things")
+        to(0, "x.io", "v1", "things")
     );
     assert_eq!(
         route(&p.table, "GET", "/apis/x.io/v1/things"),

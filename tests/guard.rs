@@ -78,6 +78,13 @@ fn questions() {
     for (method, path, want) in rows {
         assert_eq!(question(method, path, Some(&t)), want, "{path}");
     }
+    // While some member's API set is unknown, that member may serve the subresource: ask about it.
+    let mut incomplete = t.clone();
+    incomplete.membership_unknown = true;
+    assert_eq!(
+        question("GET", "/api/v1/namespaces/a/pods/p/bogus", Some(&incomplete)).and_then(|q| q.name),
+        Some("pods/bogus".to_string())
+    );
     // Without a table every subresource is asked about as such.
     assert_eq!(
         question("GET", "/api/v1/namespaces/a/pods/p/bogus", None).and_then(|q| q.name),
@@ -124,66 +131,46 @@ fn answers() {
     assert_eq!(listed(&disc, 404, b""), Some(false));
 }
 
-/// (the answering server's answer, strict, the other members' answers, verdict, why)
-type VerdictRow = (Option<bool>, bool, &'static [Option<bool>], Verdict, &'static str);
+/// (the answering server's answer, last seen to serve it there, strict, the other members' answers, verdict, why)
+type VerdictRow = (Option<bool>, bool, bool, &'static [Option<bool>], Verdict, &'static str);
 
 #[test]
 fn verdicts() {
     use Verdict::*;
-    let rows: [VerdictRow; 9] = [
-        (
-            Some(true),
-            true,
-            &[],
-            Stand,
-            "the answering server serves the type: an object's 404",
-        ),
-        (
-            Some(true),
-            false,
-            &[Some(true)],
-            Stand,
-            "an object's 404 stands whatever others say",
-        ),
-        (Some(false), true, &[], Unavailable, "strict: a type-404 might be false"),
-        (
-            None,
-            false,
-            &[],
-            Unavailable,
-            "the answering server cannot say: might be false",
-        ),
-        (Some(false), false, &[], Stand, "nobody else is a member: genuine"),
-        (
-            Some(false),
-            false,
-            &[Some(false), Some(false)],
-            Stand,
-            "nobody serves it now: genuine",
-        ),
-        (
-            Some(false),
-            false,
-            &[None, Some(false)],
-            Stand,
-            "a member that cannot be asked counts as last seen",
-        ),
-        (
-            Some(false),
-            false,
-            &[Some(false), Some(true)],
-            Unavailable,
-            "a member serves it now",
-        ),
-        (
-            Some(false),
-            false,
-            &[Some(true), None],
-            Unavailable,
-            "a member serves it now",
-        ),
+    #[rustfmt::skip]
+    let rows: [VerdictRow; 12] = [
+        (Some(true), false, true, &[], Stand, "the answering server serves the type: an object's 404"),
+        (Some(true), false, false, &[Some(true)], Stand, "an object's 404 stands whatever others say"),
+        (Some(false), true, true, &[], Unavailable, "strict: a type-404 might be false, whatever the table said"),
+        (None, false, false, &[], Unavailable, "the answering server cannot say and was not seen to serve it"),
+        (None, true, true, &[], Stand, "cannot be asked (e.g. discovery refused) but last seen to serve it: an object's 404"),
+        (None, true, false, &[Some(true)], Stand, "same, in verified mode"),
+        (Some(false), true, false, &[], Stand, "its discovery says now it does not serve it (the table is old), nobody else does"),
+        (Some(false), false, false, &[], Stand, "nobody else is a member: genuine"),
+        (Some(false), false, false, &[Some(false), Some(false)], Stand, "nobody serves it now: genuine"),
+        (Some(false), false, false, &[None, Some(false)], Stand, "a member that cannot be asked counts as last seen"),
+        (Some(false), false, false, &[Some(false), Some(true)], Unavailable, "a member serves it now"),
+        (Some(false), false, false, &[Some(true), None], Unavailable, "a member serves it now"),
     ];
-    for (answering, strict, others, want, why) in rows {
-        assert_eq!(verdict(answering, strict, others), want, "{why}");
+    for (answering, last_seen, strict, others, want, why) in rows {
+        assert_eq!(verdict(answering, last_seen, strict, others), want, "{why}");
     }
+}
+
+#[test]
+fn table_keys_of_questions() {
+    use kube_peer_proxy::snapshot::{group_key, resource_key, subresource_key, version_key};
+    assert_eq!(
+        q("/api/v1", Some("pods"), "", "v1", "pods").table_key(),
+        resource_key("", "v1", "pods")
+    );
+    assert_eq!(
+        q("/api/v1", Some("pods/resize"), "", "v1", "pods").table_key(),
+        subresource_key("", "v1", "pods", "resize")
+    );
+    assert_eq!(
+        q("/apis/batch/v1", None, "batch", "v1", "").table_key(),
+        version_key("batch", "v1")
+    );
+    assert_eq!(q("/apis/batch", None, "batch", "", "").table_key(), group_key("batch"));
 }

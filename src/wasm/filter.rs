@@ -168,6 +168,8 @@ struct Guard {
 /// A 404 waiting for the answering server's and the other members' discovery.
 struct Asking {
     question: guard::Question,
+    /// The table says the answering server serves what the question asks about.
+    last_seen: bool,
     strict: bool,
     /// The answering server's token, or its verdict already known from the 404's headers.
     answering: Result<Option<bool>, u32>,
@@ -221,8 +223,18 @@ impl PeerProxy {
                 None => Ok(None),
             },
         };
+        let last_seen = table.as_deref().is_some_and(|t| {
+            let bit = t
+                .servers
+                .iter()
+                .position(|s| s.cluster == g.cluster && s.address == g.address)
+                .and_then(|i| 1u64.checked_shl(u32::try_from(i).unwrap_or(u32::MAX)))
+                .unwrap_or(0);
+            t.servers_for(&question.table_key()) & bit != 0
+        });
         let mut asking = Asking {
             question,
+            last_seen,
             strict: g.strict,
             answering,
             others: Vec::new(),
@@ -285,7 +297,7 @@ impl PeerProxy {
     fn conclude(&mut self, asking: Asking) -> Action {
         let answering = asking.answering.unwrap_or(None);
         let others: Vec<Option<bool>> = asking.others.iter().map(|(_, v)| *v).collect();
-        match guard::verdict(answering, asking.strict, &others) {
+        match guard::verdict(answering, asking.last_seen, asking.strict, &others) {
             Verdict::Stand => Action::Continue,
             Verdict::Unavailable => self.guarded_503(&asking.question.gvr),
         }

@@ -137,7 +137,7 @@ impl Service {
         if ok {
             let names: Vec<&str> = p.table.servers.iter().map(|s| s.name.as_str()).collect();
             log::info!(
-                "kube-peer-proxy: published snapshot generation {} ({} keys; fresh servers: {})",
+                "kube-peer-proxy: published snapshot generation {} ({} keys; members: {})",
                 p.table.generation,
                 p.table.keys.len(),
                 names.join(", ")
