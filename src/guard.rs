@@ -44,7 +44,8 @@ pub fn question(method: &str, path: &str, table: Option<&Table>) -> Option<Quest
         version: v.to_string(),
         resource: String::new(),
     };
-    match request_info::parse(method, path) {
+    let mut decoded = String::new();
+    match request_info::parse_decoded(method, path, &mut decoded) {
         RequestKind::Resource(r) => {
             // While some member's API set there is unknown, that member may serve the subresource.
             let sub_known = table.is_none_or(|t| {

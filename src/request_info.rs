@@ -54,9 +54,68 @@ pub fn split_path(full: &str) -> (&str, &str) {
     }
 }
 
-/// Classifies a request like kube-apiserver does. `method` is the HTTP method (any case).
+/// Classifies a request as kube-apiserver will see it: Go's `url.Parse` percent-decodes the path
+/// (`URL.Path`, so `job%73` is `jobs` and `a%2Fb` is two segments) and refuses an invalid escape
+/// with a 400 before any handler runs; the query stays raw. The request itself is forwarded with
+/// its raw path unchanged. `buf` holds the decoded path when it differs from the raw one.
+pub fn parse_decoded<'a>(method: &str, full_path: &'a str, buf: &'a mut String) -> RequestKind<'a> {
+    let (path, query) = split_path(full_path);
+    if !path.contains('%') {
+        return parse(method, full_path);
+    }
+    let Some(decoded) = unescape_path(path) else {
+        return RequestKind::Invalid;
+    };
+    buf.clear();
+    buf.push_str(&decoded);
+    if full_path.len() > path.len() {
+        buf.push('?');
+        buf.push_str(query);
+    }
+    let buf: &'a String = buf;
+    // A decoded `?` belongs to the path: split here, not in `parse`.
+    parse_split(
+        method,
+        buf.get(..decoded.len()).unwrap_or(""),
+        query_of(buf, decoded.len()),
+    )
+}
+
+fn query_of(full: &str, path_len: usize) -> &str {
+    full.get(path_len..).and_then(|q| q.strip_prefix('?')).unwrap_or("")
+}
+
+/// Go's `unescape(s, encodePath)`: `%XX` becomes a byte, `+` stays, a `%` not followed by two hex
+/// digits is an error. Bytes that are not UTF-8 are replaced (no resource has such a name).
+pub fn unescape_path(path: &str) -> Option<String> {
+    let bytes = path.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        if b == b'%' {
+            let h = bytes.get(i + 1..i + 3)?;
+            let v = u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok()?;
+            if !h.iter().all(u8::is_ascii_hexdigit) {
+                return None;
+            }
+            out.push(v);
+            i += 3;
+        } else {
+            out.push(b);
+            i += 1;
+        }
+    }
+    Some(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// Classifies a request like kube-apiserver does, on a path that needs no decoding (see
+/// [`parse_decoded`]). `method` is the HTTP method (any case).
 pub fn parse<'a>(method: &str, full_path: &'a str) -> RequestKind<'a> {
     let (path, query) = split_path(full_path);
+    parse_split(method, path, query)
+}
+
+fn parse_split<'a>(method: &str, path: &'a str, query: &str) -> RequestKind<'a> {
     let trimmed = path.trim_matches('/');
     let parts: Vec<&'a str> = if trimmed.is_empty() {
         Vec::new()

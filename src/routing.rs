@@ -105,7 +105,8 @@ pub fn decide_with(
     if req.peer_proxied.is_some_and(|v| v == "true") {
         return Decision::Local(LocalReason::AlreadyProxied);
     }
-    let kind = request_info::parse(req.method, req.path);
+    let mut decoded = String::new();
+    let kind = request_info::parse_decoded(req.method, req.path, &mut decoded);
     let is_get = req.method.eq_ignore_ascii_case("GET");
     let (local_key, fallback_key, gvr) = match &kind {
         RequestKind::Invalid => return Decision::Local(LocalReason::Invalid),

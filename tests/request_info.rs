@@ -670,13 +670,13 @@ fn odd_paths() {
             want: resource("list", "", "v1", "", "pods", "", ""),
         },
         Row {
-            name: "percent-encoded segments are not decoded",
+            name: "parse takes a decoded path: escapes are data here (parse_decoded decodes, see request_info_upstream.rs)",
             method: "GET",
             path: "/api/v1/namespaces/ns%2F1/pods/p%201",
             want: resource("get", "", "v1", "ns%2F1", "pods", "p%201", ""),
         },
         Row {
-            name: "percent-encoded resource is not decoded",
+            name: "parse takes a decoded path: an escaped resource is data here",
             method: "GET",
             path: "/apis/apps/v1/deploy%6Dents",
             want: resource("list", "apps", "v1", "", "deploy%6Dents", "", ""),

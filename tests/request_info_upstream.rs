@@ -35,12 +35,10 @@
 //!
 //! Percent-encoding: Go's `NewRequestInfo` splits `req.URL.Path`, which `net/url` has already
 //! percent-decoded (an invalid `%` escape in the path makes Go's server reject the request with 400 before
-//! any handler), whereas our parser splits Envoy's raw `:path`. None of the upstream cases above has a `%`
-//! in its path (`url.Parse` leaves such paths unchanged, `RawPath` empty), so decoding cannot change any
-//! upstream result and the parser is left as is: the deliberate difference stays (documented in
-//! `tests/request_info.rs`, "percent-encoded segments are not decoded"). For real traffic it matters only
-//! for encoded path bytes, chiefly `%2F`, which upstream turns into a segment separator; that is a
-//! deployment concern (Envoy path normalisation / `path_with_escaped_slashes_action`), not exercised here.
+//! any handler). None of the upstream cases above has a `%` in its path; `parse_decoded` (what the
+//! routing decision uses) classifies the decoded path like upstream, and the rows of
+//! `percent_encoded_paths_are_classified_decoded` below pin that down: encoded letters, `%2F` as a
+//! segment separator, a decoded `?` that stays in the path, and invalid escapes.
 //! Query strings are decoded by both (`req.URL.Query()` upstream, `percent_decode` here).
 #![cfg(test)]
 
@@ -616,4 +614,71 @@ fn upstream_field_selector_name() {
         failures.len(),
         failures.join("\n")
     );
+}
+
+#[test]
+fn percent_encoded_paths_are_classified_decoded() {
+    use common::{non_resource, resource_request};
+    use kube_peer_proxy::request_info::parse_decoded;
+    let rows: Vec<(&str, &str, RequestKind<'static>)> = vec![
+        // `job%73` is `jobs` to the apiserver: proxied upstream, so it must route like `jobs`.
+        (
+            "GET",
+            "/apis/batch/v1/namespaces/default/job%73",
+            resource_request("list", "batch", "v1", "default", "jobs", "", ""),
+        ),
+        (
+            "GET",
+            "/apis/b%61tch/v1/namespaces/default/jobs/j1",
+            resource_request("get", "batch", "v1", "default", "jobs", "j1", ""),
+        ),
+        // `%2F` decodes to a separator: name `a`, subresource `b`.
+        (
+            "GET",
+            "/api/v1/namespaces/default/pods/a%2Fb",
+            resource_request("get", "", "v1", "default", "pods", "a", "b"),
+        ),
+        (
+            "GET",
+            "/api/v1/namespaces/default/pods/a%2fb",
+            resource_request("get", "", "v1", "default", "pods", "a", "b"),
+        ),
+        // `%3F` is a `?` inside the path, not the start of the query.
+        (
+            "GET",
+            "/api/v1/namespaces/default/configmaps/x%3Fwatch=1",
+            resource_request("get", "", "v1", "default", "configmaps", "x?watch=1", ""),
+        ),
+        // The raw query still counts (and is decoded on its own).
+        (
+            "GET",
+            "/api/v1/namespaces/default/config%6Daps?watch=true",
+            resource_request("watch", "", "v1", "default", "configmaps", "", ""),
+        ),
+        // `+` stays `+` in a path (Go's encodePath mode).
+        (
+            "GET",
+            "/api/v1/namespaces/default/configmaps/a+b",
+            resource_request("get", "", "v1", "default", "configmaps", "a+b", ""),
+        ),
+        // Discovery paths decode too.
+        (
+            "GET",
+            "/apis/b%61tch/v1",
+            non_resource(NonResource::GroupVersion("batch", "v1")),
+        ),
+        // Invalid escapes: Go's server answers 400 before any handler; the local server says so.
+        ("GET", "/api/v1/namespaces/default/pods/%zz", RequestKind::Invalid),
+        ("GET", "/api/v1/namespaces/default/pods/%4", RequestKind::Invalid),
+        ("GET", "/api/v1/namespaces/default/pods/%", RequestKind::Invalid),
+        ("GET", "/api/v1/namespaces/default/pods/%+1", RequestKind::Invalid),
+    ];
+    for (method, path, want) in rows {
+        let mut buf = String::new();
+        assert_eq!(parse_decoded(method, path, &mut buf), want, "{path}");
+    }
+    // Without a `%` nothing is copied.
+    let mut buf = String::new();
+    let _ = parse_decoded("GET", "/api/v1/pods", &mut buf);
+    assert!(buf.is_empty());
 }
