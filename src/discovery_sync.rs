@@ -61,11 +61,45 @@ pub enum Outcome {
     Oversized,
 }
 
+/// Why a fetch failed; [`SyncErrorKind::label`] is the `type` label of
+/// `discovery_sync_errors_total{type,server}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncErrorKind {
+    /// Envoy could not connect: the only failure that marks a server unhealthy.
+    Unreachable,
+    /// The server answered 503.
+    Unavailable,
+    /// No answer in time (the round's deadline, or a 504).
+    Timeout,
+    /// The stream ended without a usable response.
+    Reset,
+    /// Any other unexpected status (401, 403, 500, a 304 without a cached document, ...).
+    HttpStatus,
+    /// The body is not the document its path should have.
+    Decode,
+    /// The body exceeded `max_discovery_bytes`.
+    Oversized,
+}
+
+impl SyncErrorKind {
+    pub fn label(self) -> &'static str {
+        match self {
+            SyncErrorKind::Unreachable => "unreachable",
+            SyncErrorKind::Unavailable => "unavailable",
+            SyncErrorKind::Timeout => "timeout",
+            SyncErrorKind::Reset => "reset",
+            SyncErrorKind::HttpStatus => "http_status",
+            SyncErrorKind::Decode => "decode",
+            SyncErrorKind::Oversized => "oversized",
+        }
+    }
+}
+
 /// A sync failure, counted by the adapter as `discovery_sync_errors_total{type,server}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SyncError {
     pub server: String,
-    pub kind: &'static str,
+    pub kind: SyncErrorKind,
     pub detail: String,
 }
 
@@ -190,6 +224,15 @@ impl Server {
     }
 }
 
+/// A fetch waiting for its answer.
+#[derive(Debug)]
+struct InFlight {
+    /// Index into `servers` (stable within a round: servers leave only when it ends).
+    server: usize,
+    purpose: Purpose,
+    path: String,
+}
+
 /// What the built snapshot depends on besides the documents: per member its name, whether each
 /// part is known and fresh, and whether it is reachable.
 type BuildInputs = (bool, Vec<(String, bool, bool, bool, bool, bool)>);
@@ -203,7 +246,7 @@ pub struct Syncer {
     staleness_ms: u64,
     max_bytes: usize,
     next_id: u64,
-    in_flight: HashMap<u64, (usize, Purpose, String)>,
+    in_flight: HashMap<u64, InFlight>,
     round_deadline_ms: Option<u64>,
     next_round_ms: u64,
     generation: u64,
@@ -287,6 +330,16 @@ impl Syncer {
                 _ => None,
             };
             (s.reference.name.as_str(), last)
+        })
+    }
+
+    /// Per-member `(name, both parts fresh at now_ms)`: the one definition of freshness, used by
+    /// the table and the `server_fresh` gauge alike.
+    pub fn server_freshness(&self, now_ms: u64) -> impl Iterator<Item = (&str, bool)> {
+        let staleness = self.staleness_ms;
+        self.servers.iter().map(move |s| {
+            let fresh = s.core.fresh(now_ms, staleness) && s.groups.fresh(now_ms, staleness);
+            (s.reference.name.as_str(), fresh)
         })
     }
 
@@ -378,14 +431,19 @@ impl Syncer {
             }
             None => String::new(),
         };
-        self.in_flight.insert(id, (server, purpose, path));
+        self.in_flight.insert(id, InFlight { server, purpose, path });
         Fetch { id, cluster, headers }
     }
 
     /// Feeds one answer; returns follow-up fetches, errors, and a snapshot when a round ends.
     pub fn on_response(&mut self, id: u64, outcome: Outcome, now_ms: u64) -> Step {
         let mut step = Step::default();
-        let Some((si, purpose, path)) = self.in_flight.remove(&id) else {
+        let Some(InFlight {
+            server: si,
+            purpose,
+            path,
+        }) = self.in_flight.remove(&id)
+        else {
             return step;
         };
         let name = match self.servers.get(si) {
@@ -406,7 +464,7 @@ impl Syncer {
                 Ok(doc) => self.absorb(si, purpose, doc, &mut step),
                 Err((kind, detail)) => {
                     if let Some(s) = self.servers.get_mut(si) {
-                        s.work.unreachable |= kind == "unreachable";
+                        s.work.unreachable |= kind == SyncErrorKind::Unreachable;
                     }
                     step.errors.push(SyncError {
                         server: name,
@@ -436,23 +494,28 @@ impl Syncer {
         step
     }
 
-    fn interpret_leases(&self, outcome: Outcome) -> Result<Vec<LeasePeer>, (&'static str, String)> {
+    fn interpret_leases(&self, outcome: Outcome) -> Result<Vec<LeasePeer>, (SyncErrorKind, String)> {
         let Some(config) = &self.leases else {
-            return Err(("internal", "lease mode is off".into()));
+            return Err((SyncErrorKind::Decode, "lease mode is off".into()));
         };
         let body = match outcome {
-            Outcome::Unreachable => return Err(("unreachable", "cannot connect".into())),
-            Outcome::NoResponse => return Err(("reset", "no response".into())),
-            Outcome::Overdue => return Err(("timeout", "no answer before the round's deadline".into())),
-            Outcome::Oversized => return Err(("oversized", format!("body larger than {} bytes", self.max_bytes))),
+            Outcome::Unreachable => return Err((SyncErrorKind::Unreachable, "cannot connect".into())),
+            Outcome::NoResponse => return Err((SyncErrorKind::Reset, "no response".into())),
+            Outcome::Overdue => return Err((SyncErrorKind::Timeout, "no answer before the round's deadline".into())),
+            Outcome::Oversized => {
+                return Err((
+                    SyncErrorKind::Oversized,
+                    format!("body larger than {} bytes", self.max_bytes),
+                ))
+            }
             Outcome::Response { status: 200, body, .. } => body,
-            Outcome::Response { status, .. } => return Err(("http_status", format!("HTTP {status}"))),
+            Outcome::Response { status, .. } => return Err((SyncErrorKind::HttpStatus, format!("HTTP {status}"))),
         };
         let own = leases::Own {
             hostname: config.local_hostname.clone(),
             address: config.local_address.clone(),
         };
-        leases::parse_lease_list(&body, &own, &config.hosts).map_err(|e| ("decode", e))
+        leases::parse_lease_list(&body, &own, &config.hosts).map_err(|e| (SyncErrorKind::Decode, e))
     }
 
     /// Applies a lease list: new live leases become members (fetched at once), a changed holder
@@ -545,12 +608,17 @@ impl Syncer {
     }
 
     /// Turns an HTTP outcome into a parsed document (or the cached one for a 304).
-    fn interpret(&mut self, si: usize, path: &str, outcome: Outcome) -> Result<Doc, (&'static str, String)> {
+    fn interpret(&mut self, si: usize, path: &str, outcome: Outcome) -> Result<Doc, (SyncErrorKind, String)> {
         let (status, content_type, etag, body) = match outcome {
-            Outcome::Unreachable => return Err(("unreachable", "cannot connect".into())),
-            Outcome::NoResponse => return Err(("reset", "no response".into())),
-            Outcome::Overdue => return Err(("timeout", "no answer before the round's deadline".into())),
-            Outcome::Oversized => return Err(("oversized", format!("body larger than {} bytes", self.max_bytes))),
+            Outcome::Unreachable => return Err((SyncErrorKind::Unreachable, "cannot connect".into())),
+            Outcome::NoResponse => return Err((SyncErrorKind::Reset, "no response".into())),
+            Outcome::Overdue => return Err((SyncErrorKind::Timeout, "no answer before the round's deadline".into())),
+            Outcome::Oversized => {
+                return Err((
+                    SyncErrorKind::Oversized,
+                    format!("body larger than {} bytes", self.max_bytes),
+                ))
+            }
             Outcome::Response {
                 status,
                 content_type,
@@ -558,18 +626,21 @@ impl Syncer {
                 body,
             } => (status, content_type, etag, body),
         };
-        let server = self.servers.get_mut(si).ok_or(("internal", String::new()))?;
+        let server = self
+            .servers
+            .get_mut(si)
+            .ok_or((SyncErrorKind::Reset, "unknown server".to_string()))?;
         match status {
             304 => server
                 .cache
                 .get(path)
                 .map(|(_, d)| d.clone())
-                .ok_or(("http_status", "304 without a cached document".into())),
+                .ok_or((SyncErrorKind::HttpStatus, "304 without a cached document".into())),
             200 => {
                 if body.len() > self.max_bytes {
-                    return Err(("oversized", format!("body of {} bytes", body.len())));
+                    return Err((SyncErrorKind::Oversized, format!("body of {} bytes", body.len())));
                 }
-                let doc = parse_doc(path, &content_type, &body).map_err(|e| ("decode", e))?;
+                let doc = parse_doc(path, &content_type, &body).map_err(|e| (SyncErrorKind::Decode, e))?;
                 match etag {
                     Some(t) if !t.is_empty() => {
                         let cached = match &doc {
@@ -585,9 +656,9 @@ impl Syncer {
                 Ok(doc)
             }
             404 if path == "/api" => Ok(Doc::Absent),
-            503 => Err(("unavailable", "HTTP 503".into())),
-            504 => Err(("timeout", "HTTP 504".into())),
-            other => Err(("http_status", format!("HTTP {other}"))),
+            503 => Err((SyncErrorKind::Unavailable, "HTTP 503".into())),
+            504 => Err((SyncErrorKind::Timeout, "HTTP 504".into())),
+            other => Err((SyncErrorKind::HttpStatus, format!("HTTP {other}"))),
         }
     }
 
@@ -641,7 +712,7 @@ impl Syncer {
                 }
                 step.errors.push(SyncError {
                     server: s.reference.name.clone(),
-                    kind: "decode",
+                    kind: SyncErrorKind::Decode,
                     detail: format!("unexpected document type for {purpose:?}"),
                 });
             }

@@ -14,6 +14,7 @@ pub mod leases;
 pub mod merge;
 pub mod metrics;
 pub mod not_found;
+pub mod reply;
 pub mod request_info;
 pub mod routing;
 pub mod snapshot;

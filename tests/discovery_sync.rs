@@ -201,7 +201,11 @@ impl Round {
     }
 
     fn error_kinds(&self) -> Vec<(&str, &str)> {
-        let mut v: Vec<(&str, &str)> = self.errors.iter().map(|e| (e.server.as_str(), e.kind)).collect();
+        let mut v: Vec<(&str, &str)> = self
+            .errors
+            .iter()
+            .map(|e| (e.server.as_str(), e.kind.label()))
+            .collect();
         v.sort_unstable();
         v
     }
@@ -1047,7 +1051,11 @@ fn unanswered_round_ends_at_the_deadline() {
     assert!(step.fetches.is_empty() && step.errors.is_empty() && step.publish.is_none());
 
     let step = s.on_tick(1_000_000_000);
-    let mut kinds: Vec<(&str, &str)> = step.errors.iter().map(|e| (e.server.as_str(), e.kind)).collect();
+    let mut kinds: Vec<(&str, &str)> = step
+        .errors
+        .iter()
+        .map(|e| (e.server.as_str(), e.kind.label()))
+        .collect();
     kinds.sort_unstable();
     assert_eq!(
         kinds,
@@ -1089,7 +1097,11 @@ fn partially_answered_round_ends_at_the_deadline() {
     assert!(r.errors.is_empty());
     assert!(r.publish.is_none(), "the round waits for peer-b");
     let step = s.on_tick(2500);
-    let kinds: Vec<(&str, &str)> = step.errors.iter().map(|e| (e.server.as_str(), e.kind)).collect();
+    let kinds: Vec<(&str, &str)> = step
+        .errors
+        .iter()
+        .map(|e| (e.server.as_str(), e.kind.label()))
+        .collect();
     assert_eq!(kinds, [("peer-b", "timeout")]);
     let p = step.publish.expect("snapshot");
     assert_eq!(p.table.servers.len(), 3);

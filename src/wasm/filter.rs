@@ -13,10 +13,10 @@ use proxy_wasm::types::{Action, BufferType, MapType};
 
 use super::host::{self, Metrics};
 use crate::config::Config;
-use crate::discovery::CONTENT_TYPE_V2;
 use crate::guard::{self, First, Verdict};
 use crate::identity;
 use crate::metrics;
+use crate::reply::{self, Upstream};
 use crate::routing::{self, Decision, Gvr, LocalReason, MergedDoc, RequestFacts, PEER_PROXIED_HEADER};
 use crate::snapshot::{self, Table};
 use crate::status;
@@ -347,28 +347,23 @@ impl PeerProxy {
     fn merged_response_headers(&mut self) {
         let Some(m) = self.merged.as_mut() else { return };
         let resp = MapType::HttpResponseHeaders;
-        if host::header(resp, ":status").as_deref() != Some("200") {
+        let status = host::header(resp, ":status").and_then(|s| s.parse().ok()).unwrap_or(0);
+        let Some(h) = reply::merged_headers(m.doc, &m.table, m.if_none_match.as_deref(), status) else {
             // 401, 403, 406, ...: the local server's verdict stands.
             self.merged = None;
             return;
-        }
-        let (etag, label, content_type) = match m.doc {
-            MergedDoc::Apis => (m.table.apis_etag.clone(), "apis", CONTENT_TYPE_V2),
-            MergedDoc::Api => (m.table.api_etag.clone(), "api", CONTENT_TYPE_V2),
-            MergedDoc::ApisLegacy => (m.table.apis_legacy_etag.clone(), "apis_legacy", "application/json"),
         };
-        let not_modified = m.if_none_match.as_deref() == Some(etag.as_str());
-        m.body = Some(if not_modified {
+        m.body = Some(if h.status == 304 {
             Rc::new(Vec::new())
         } else {
             self.shared.merged(m.doc)
         });
         host::set_header(resp, "content-length", None);
-        host::set_header(resp, "content-type", Some(content_type));
-        host::set_header(resp, "etag", Some(&etag));
+        host::set_header(resp, "content-type", Some(h.content_type));
+        host::set_header(resp, "etag", Some(&h.etag));
         host::set_header(resp, "vary", Some("Accept"));
         host::set_header(resp, "cache-control", Some("public"));
-        let code = if not_modified {
+        let code = if h.status == 304 {
             host::set_header(resp, ":status", Some("304"));
             "304"
         } else {
@@ -376,7 +371,7 @@ impl PeerProxy {
         };
         self.inc(metrics::name(
             metrics::MERGED_RESPONSES,
-            &[("doc", label), ("code", code)],
+            &[("doc", h.label), ("code", code)],
         ));
     }
 }
@@ -581,12 +576,13 @@ impl PeerProxy {
         self.inc(metrics::name(metrics::REROUTED, &labels));
         // A reply Envoy made itself (connect failure, timeout) means the peer was not reached.
         let details = host::property(&["response", "code_details"]).unwrap_or_default();
-        if details.contains("connection_failure") {
+        let upstream = reply::upstream(&details);
+        if upstream == Upstream::ConnectFailure {
             // Stop sending requests to this peer until it answers discovery again.
             log::warn!("kube-peer-proxy: cannot connect to {target}; marking it down");
             host::set_shared(&snapshot::down_key(&target), host::now_ms().to_string().as_bytes());
         }
-        if !details.is_empty() && details != "via_upstream" {
+        if upstream != Upstream::Answered {
             let labels = [("type", "upstream_unreachable"), labels[1], labels[2], labels[3]];
             self.inc(metrics::name(metrics::PROXY_ERRORS, &labels));
             // Envoy's own reply, not the peer's 404: nothing to guard.

@@ -12,13 +12,13 @@ use super::host::{self, Metrics};
 use crate::config::Config;
 use crate::discovery_sync::{Outcome, Publish, Step, Syncer};
 use crate::metrics;
+use crate::reply;
 use crate::snapshot;
 
 pub struct Service {
     syncer: Syncer,
     tokens: HashMap<u32, u64>,
     metrics: Metrics,
-    staleness_ms: u64,
 }
 
 impl Service {
@@ -27,7 +27,6 @@ impl Service {
             syncer: Syncer::new(&config),
             tokens: HashMap::new(),
             metrics: Metrics::default(),
-            staleness_ms: u64::try_from(config.staleness_limit.as_millis()).unwrap_or(u64::MAX),
         }
     }
 
@@ -66,18 +65,18 @@ impl Service {
                     .map(|(_, v)| v.clone())
             };
             let status = get(":status").and_then(|s| s.parse().ok()).unwrap_or(0);
-            // Envoy's router stamps every upstream answer with this header; its own reply to a
-            // connect failure lacks it.
-            if status == 503 && get("x-envoy-upstream-service-time").is_none() {
-                Outcome::Unreachable
+            let body = if status == 200 {
+                host::buffer(BufferType::HttpCallResponseBody, body_size)
             } else {
-                Outcome::Response {
-                    status,
-                    content_type: get("content-type").unwrap_or_default(),
-                    etag: get("etag"),
-                    body: host::buffer(BufferType::HttpCallResponseBody, body_size),
-                }
-            }
+                Vec::new()
+            };
+            reply::call_outcome(
+                status,
+                get("x-envoy-upstream-service-time").is_some(),
+                get("content-type").unwrap_or_default(),
+                get("etag"),
+                body,
+            )
         };
         let now = host::now_ms();
         let step = self.syncer.on_response(id, outcome, now);
@@ -93,12 +92,12 @@ impl Service {
                 log::warn!(
                     "kube-peer-proxy: discovery from {} failed ({}): {}",
                     e.server,
-                    e.kind,
+                    e.kind.label(),
                     e.detail
                 );
                 self.metrics.inc(metrics::name(
                     metrics::SYNC_ERRORS,
-                    &[("type", e.kind), ("server", &e.server)],
+                    &[("type", e.kind.label()), ("server", &e.server)],
                 ));
             }
             if let Some(p) = step.publish {
@@ -152,13 +151,19 @@ impl Service {
             self.metrics
                 .set(metrics::SNAPSHOT_AGE.to_string(), now.saturating_sub(t) / 1000);
         }
-        let status: Vec<(String, Option<u64>)> = self.syncer.server_status().map(|(n, t)| (n.to_string(), t)).collect();
-        for (name, last) in status {
-            let fresh = last.is_some_and(|t| now.saturating_sub(t) <= self.staleness_ms);
+        let fresh: Vec<(String, bool)> = self
+            .syncer
+            .server_freshness(now)
+            .map(|(n, f)| (n.to_string(), f))
+            .collect();
+        for (name, fresh) in fresh {
             self.metrics.set(
                 metrics::name(metrics::SERVER_FRESH, &[("server", &name)]),
                 u64::from(fresh),
             );
+        }
+        let status: Vec<(String, Option<u64>)> = self.syncer.server_status().map(|(n, t)| (n.to_string(), t)).collect();
+        for (name, last) in status {
             if let Some(t) = last {
                 let age = now.saturating_sub(t) / 1000;
                 self.metrics.set(

@@ -1,0 +1,88 @@
+//! Pure decisions about responses that the host adapters used to make inline: the headers of a
+//! merged discovery answer (and when it is a 304), what Envoy's `response.code_details` says about
+//! a rerouted request, and how a discovery call's answer is read.
+
+use crate::discovery::CONTENT_TYPE_V2;
+use crate::discovery_sync::Outcome;
+use crate::routing::MergedDoc;
+use crate::snapshot::Table;
+
+/// How the local server's 200 for a merged discovery request is rewritten.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MergedHeaders {
+    /// 200 with the merged body, or 304 without a body.
+    pub status: u16,
+    pub content_type: &'static str,
+    pub etag: String,
+    /// The `doc` label of `merged_discovery_responses_total`.
+    pub label: &'static str,
+}
+
+/// The reply to a merged discovery request once the local server answered `local_status`: `None`
+/// keeps the local answer (401, 403, 406, ...: the apiserver's verdict stands). `Vary: Accept` and
+/// `Cache-Control: public` always go with it, as upstream's peer-aggregated handler sets them.
+pub fn merged_headers(
+    doc: MergedDoc,
+    table: &Table,
+    if_none_match: Option<&str>,
+    local_status: u16,
+) -> Option<MergedHeaders> {
+    if local_status != 200 {
+        return None;
+    }
+    let (etag, label, content_type) = match doc {
+        MergedDoc::Apis => (&table.apis_etag, "apis", CONTENT_TYPE_V2),
+        MergedDoc::Api => (&table.api_etag, "api", CONTENT_TYPE_V2),
+        MergedDoc::ApisLegacy => (&table.apis_legacy_etag, "apis_legacy", "application/json"),
+    };
+    // Exact string equality, like upstream (no weak ETags, no lists).
+    let status = if if_none_match == Some(etag.as_str()) { 304 } else { 200 };
+    Some(MergedHeaders {
+        status,
+        content_type,
+        etag: etag.clone(),
+        label,
+    })
+}
+
+/// What Envoy's `response.code_details` says about a rerouted request's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Upstream {
+    /// The peer answered (`via_upstream`, or nothing recorded).
+    Answered,
+    /// Envoy could not connect to the peer: mark it down until it answers discovery again.
+    ConnectFailure,
+    /// Envoy answered itself for another reason (timeout, reset, overflow, ...).
+    EnvoyReply,
+}
+
+pub fn upstream(code_details: &str) -> Upstream {
+    if code_details.contains("connection_failure") {
+        Upstream::ConnectFailure
+    } else if code_details.is_empty() || code_details == "via_upstream" {
+        Upstream::Answered
+    } else {
+        Upstream::EnvoyReply
+    }
+}
+
+/// A discovery call's answer. Envoy's router stamps every upstream answer with
+/// `x-envoy-upstream-service-time`; its own 503 for a connect failure lacks it, and that is the
+/// only failure that marks a server unreachable.
+pub fn call_outcome(
+    status: u16,
+    upstream_service_time: bool,
+    content_type: String,
+    etag: Option<String>,
+    body: Vec<u8>,
+) -> Outcome {
+    if status == 503 && !upstream_service_time {
+        return Outcome::Unreachable;
+    }
+    Outcome::Response {
+        status,
+        content_type,
+        etag,
+        body,
+    }
+}
