@@ -214,6 +214,8 @@ KUBEADM_REQUESTHEADER = {"username_headers": ["x-remote-user"], "uid_headers": [
 # Who the proxy's own requests (discovery, lease list, the 404 guard's questions) are, asserted with the
 # front-proxy client certificate; RBAC in deploy/rbac.yaml.
 DISCOVERY_USER = "system:kube-peer-proxy"
+# The certless twin of the local cluster (requests without an asserted identity).
+ANON_SUFFIX = "-anon"
 KUBEADM_SNI = "kubernetes.default.svc"
 
 
@@ -275,7 +277,9 @@ def render_kubeadm(*, node, node_ip, apiserver, pki, wasm_path, peers=None, leas
     leases advertise <node-ip>:<peer-port>, e.g. --peer-advertise-ip/--peer-advertise-port).
     """
     rh = dict(requestheader or KUBEADM_REQUESTHEADER)
-    cfg = {"client_identity": rh, "discovery_headers": {rh["username_headers"][0]: DISCOVERY_USER},
+    user_header = rh["username_headers"][0]
+    cfg = {"client_identity": rh,
+           "discovery_headers": {user_header: DISCOVERY_USER},
            "refresh_interval": "2s", "fetch_timeout": "2s", "staleness_limit": "15s"}
     cfg.update(plugin or {})
     text = render_bootstrap(
@@ -283,8 +287,18 @@ def render_kubeadm(*, node, node_ip, apiserver, pki, wasm_path, peers=None, leas
         peers=[] if leases is not None else [(n, ip, peer_port) for n, ip in (peers or [])],
         wasm_path=wasm_path, plugin=cfg, upstream_tls_sni=KUBEADM_SNI, leases=leases, listen_address=node_ip)
     b = json.loads(text)
-    for c in b["static_resources"]["clusters"]:
+    clusters = b["static_resources"]["clusters"]
+    for c in clusters:
         c["transport_socket"] = _tls_upstream(pki)
+    # The local apiserver's certless twin: a request the proxy asserts no identity for (a bearer
+    # token, or anonymous) must reach it without the front-proxy certificate, else its x509
+    # authenticator fails on that certificate and an anonymous request gets 401 instead of being
+    # system:anonymous. Peers always get the certificate: their peer listener requires it and
+    # makes the same choice for its own apiserver.
+    twin = json.loads(json.dumps(next(c for c in clusters if c["name"] == "local")))
+    twin["name"] = twin["load_assignment"]["cluster_name"] = "local" + ANON_SUFFIX
+    del twin["transport_socket"]["typed_config"]["common_tls_context"]["tls_certificates"]
+    clusters.append(twin)
     listener = b["static_resources"]["listeners"][0]
     chain = listener["filter_chains"][0]
     chain["transport_socket"] = _tls_downstream(pki, f"{pki}/ca.crt", False)
@@ -294,6 +308,14 @@ def render_kubeadm(*, node, node_ip, apiserver, pki, wasm_path, peers=None, leas
         identity + [ROUTE_HEADER, ADDRESS_HEADER, "x-forwarded-for"], rh["extra_headers_prefixes"])
     # X-Forwarded-For is the client's address, from the connection: audit's sourceIPs show the client.
     hcm["use_remote_address"] = True
+    # Route 1 (a peer the filter chose) stays; local requests go to `local` when the filter
+    # asserted an identity, else to the certless twin.
+    routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+    routes[1:] = [
+        {"match": {"prefix": "/", "headers": [{"name": user_header, "present_match": True}]},
+         "route": {"cluster": "local", "timeout": "0s"}},
+        {"match": {"prefix": "/"}, "route": {"cluster": "local" + ANON_SUFFIX, "timeout": "0s"}},
+    ]
     hcm["http2_protocol_options"] = {"allow_connect": True}
     if access_log:
         hcm["access_log"] = _access_log(access_log)
@@ -306,7 +328,9 @@ def render_kubeadm(*, node, node_ip, apiserver, pki, wasm_path, peers=None, leas
         "upgrade_configs": [{"upgrade_type": "websocket"}, {"upgrade_type": "SPDY/3.1"}],
         "early_header_mutation_extensions": _strip_headers([ROUTE_HEADER, ADDRESS_HEADER], []),
         "route_config": {"name": "peers", "virtual_hosts": [{"name": "local", "domains": ["*"], "routes": [
-            {"match": {"prefix": "/"}, "route": {"cluster": "local", "timeout": "0s"}}]}]},
+            {"match": {"prefix": "/", "headers": [{"name": user_header, "present_match": True}]},
+             "route": {"cluster": "local", "timeout": "0s"}},
+            {"match": {"prefix": "/"}, "route": {"cluster": "local" + ANON_SUFFIX, "timeout": "0s"}}]}]},
         "http_filters": [
             {"name": "envoy.filters.http.rbac", "typed_config": {
                 "@type": "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC",
