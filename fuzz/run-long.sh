@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Long fuzz runs (issue 3: ≥ 10 min per target). Results in fuzz/long-run-<target>.log.
+# Long fuzz runs (≥ 10 min per target). Results in fuzz/long-run-<target>.log.
 set -u
 cd "$(dirname "$0")/.."
 for t in request_info discovery config; do

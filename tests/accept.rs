@@ -1,4 +1,4 @@
-//! Content negotiation for `/api` and `/apis` (spec §3.1, §4.2).
+//! Content negotiation for `/api` and `/apis` (upstream `aggregated/wrapper.go` and `negotiation/negotiate.go`, docs/design.md).
 #![cfg(test)]
 
 use kube_peer_proxy::accept::{negotiate, DiscoveryChoice};

@@ -1,4 +1,4 @@
-//! Peer-aggregated discovery merge (spec §3.2) and `MergePreservingRelativeOrder`.
+//! Peer-aggregated discovery merge (upstream `peer_aggregated_handler.go`, docs/design.md) and `MergePreservingRelativeOrder`.
 #![cfg(test)]
 
 mod common;

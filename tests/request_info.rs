@@ -1,4 +1,4 @@
-//! RequestInfo classification (spec §5): every row of the table, list-option handling, verbs,
+//! RequestInfo classification (upstream `requestinfo.go`, docs/design.md): every row of the table, list-option handling, verbs,
 //! odd paths, and a no-panic sweep.
 #![cfg(test)]
 
@@ -22,7 +22,7 @@ fn run(rows: &[Row]) {
     }
 }
 
-/// Spec §5 table, rows 1–34 (row numbers in the names).
+/// The grammar table, rows 1–34 (row numbers in the names).
 #[test]
 fn spec_table() {
     let rows = vec![

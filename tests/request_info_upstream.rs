@@ -15,7 +15,7 @@
 //! `newTestRequestInfoResolver()` = `APIPrefixes {"api","apis"}`, `GrouplessAPIPrefixes {"api"}`, which is
 //! kube-apiserver's configuration and the only one our parser implements, so **no case is skipped**.
 //! None of these upstream cases makes `NewRequestInfo` return an error ("unable to determine kind and
-//! namespace from url"), so no row expects `RequestKind::Invalid` (spec §5 row 34 covers that in
+//! namespace from url"), so no row expects `RequestKind::Invalid` (the "proxy without more parts" row covers that in
 //! `tests/request_info.rs`).
 //!
 //! Translation notes:

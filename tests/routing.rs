@@ -1,4 +1,4 @@
-//! The routing decision table (design.md "The decision, in order").
+//! The routing decision table (docs/design.md, "The decision, in order").
 #![cfg(test)]
 
 mod common;

@@ -1,4 +1,4 @@
-"""Restarts of Envoy itself, and what a failing wasm VM does (issue 5, item 4).
+"""Restarts of Envoy itself, and what a failing wasm VM does .
 
 * Between Envoy's start and the filter's first snapshot (a restarted Envoy has no routing table until its first
   discovery round), requests go to the local apiserver first: what it serves is answered at once, and its "not

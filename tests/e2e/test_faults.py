@@ -1,4 +1,4 @@
-"""Peer faults under load (issue 5, item 2): real Envoy with the filter in front of `a` (old), fake peers.
+"""Peer faults under load : real Envoy with the filter in front of `a` (old), fake peers.
 
 * A peer killed mid-load: requests for GVRs only it serves get a 503 `Status` with `Retry-After` (never a
   404, never a hang past the cluster's connect timeout) and route to it again within one refresh after it

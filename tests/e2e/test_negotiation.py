@@ -1,5 +1,5 @@
 """Content negotiation for /apis and /api through the filter, for the Accept strings real clients send
-(spec §4.2): each gets what the apiserver would give — the peer-aggregated v2 document, or the local
+(real clients' Accept strings): each gets what the apiserver would give — the peer-aggregated v2 document, or the local
 server's own answer (v2beta1, legacy, nopeer, 406)."""
 
 from __future__ import annotations

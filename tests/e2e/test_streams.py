@@ -1,4 +1,4 @@
-"""Streams and bodies through a reroute (issue 5, item 3): real Envoy with the filter in front of `a` (old);
+"""Streams and bodies through a reroute : real Envoy with the filter in front of `a` (old);
 `b` and `c` (new) serve `lifecycle.k8s.io/v1alpha1 evictionrequests`, which `a` does not, so every request
 below is forwarded by a's Envoy to b or c.
 

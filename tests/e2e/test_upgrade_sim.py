@@ -1,4 +1,4 @@
-"""The rolling-upgrade simulation, short (issues 5 and 6): `make upgrade-sim` runs the long one.
+"""The rolling-upgrade simulation, short: `make upgrade-sim` runs the long one.
 
 Both modes run the identical schedule (a, b, c upgraded old → new one at a time under ≥ 200 req/s of
 get/list/create/delete plus long watches over old-only, new-only and common GVRs). A server is *in service*

@@ -13,7 +13,7 @@ from fake_apiserver import Cluster
 
 V2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 NOPEER = V2 + ";profile=nopeer"
-# kubectl/client-go 1.30–1.36 discovery Accept (spec §4.2).
+# kubectl/client-go 1.30–1.36 discovery Accept.
 KUBECTL_ACCEPT = (V2 + ",application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,"
                   "application/json")
 

@@ -20,7 +20,7 @@ from .store import Expired, Store
 V2 = AGGREGATED_V2
 V2BETA1 = AGGREGATED_V2BETA1
 NOPEER = V2 + ";profile=nopeer"
-# Accept strings of kubernetes-mvp-spec.md §4.2 → the answer a 1.33+ server gives (v2beta1 removed).
+# Accept strings real clients send (tests/e2e/topology.py) → the answer a 1.33+ server gives (v2beta1 removed).
 ACCEPT_CASES = {
     "client-go 1.26-1.29": (f"{V2BETA1},application/json", "legacy"),
     "client-go 1.30-1.36": (f"{V2},{V2BETA1},application/json", "v2"),

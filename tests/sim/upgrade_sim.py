@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Rolling-upgrade simulation: zero false 404s, measured (issue 5).
+"""Rolling-upgrade simulation: zero false 404s, measured.
 
     python tests/sim/upgrade_sim.py --duration 90 --mode both      # make upgrade-sim
 
