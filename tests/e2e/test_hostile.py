@@ -134,15 +134,19 @@ def test_odd_requests_do_not_hurt(setup):
     # A 10 000-segment path: parsed, not served anywhere, the local server's genuine 404.
     r = topo.get("/apis/g.example.com/v1/" + "/".join(["x"] * 10_000))
     assert r.status == 404 and r.headers.get("x-fake-apiserver") == "a", r
-    # Invalid UTF-8 and control bytes in the path: Envoy rejects or passes them; never a crash.
+    # Invalid UTF-8 and control bytes in the path: Envoy rejects them (400, no upstream) or the filter
+    # leaves them to the local server; never a crash, never a peer.
     for path in (b"/apis/\xff\xfe/v1/x", b"/api/v1/namespaces/\xc3(/pods", b"/apis/%ff%00/v1/pods"):
         r = raw_request(topo.port, b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n")
         assert r.startswith(b"HTTP/1.1 "), r[:100]
         assert not r.startswith(b"HTTP/1.1 5"), r[:200]
-    # Non-UTF-8 header values the filter reads (Accept, peer-proxied).
+        assert r.startswith(b"HTTP/1.1 400") or b"x-fake-apiserver: a" in r.lower(), (path, r[:300])
+        assert b"x-fake-apiserver: b" not in r.lower() and b"x-fake-apiserver: c" not in r.lower(), r[:300]
+    # Non-UTF-8 header values the filter reads (Accept, peer-proxied): the local server answers.
     r = raw_request(topo.port, b"GET /apis HTTP/1.1\r\nHost: x\r\nAccept: \xff\xfe\r\n"
                                b"x-kubernetes-peer-proxied: \xff\r\n\r\n")
     assert r.startswith(b"HTTP/1.1 "), r[:100]
+    assert r.startswith(b"HTTP/1.1 400") or b"x-fake-apiserver: a" in r.lower(), r[:300]
     assert_healthy(topo)
 
 
