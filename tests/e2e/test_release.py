@@ -29,6 +29,7 @@ import sys
 import tarfile
 import threading
 import tomllib
+import urllib.request
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -54,6 +55,8 @@ COMPAT_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 IMAGE_REPO = "registry.example.com/kube-peer-proxy"
+# Loopback requests never go through an HTTP(S)_PROXY from the environment.
+NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def run(cmd, timeout=600, **kw) -> subprocess.CompletedProcess:
@@ -100,6 +103,15 @@ def index_digest(layout: Path, tag: str = VERSION) -> str:
     return d["digest"]
 
 
+def oci_digests(dist: Path) -> dict[str, str]:
+    """dist/oci-digests.txt: {"index": ..., "linux/amd64": ..., "linux/arm64": ...}."""
+    out = {}
+    for line in (dist / "oci-digests.txt").read_text().splitlines():
+        digest, _ref, what = line.split("  ", 2)
+        out["index" if what.startswith("image index") else what.split()[0]] = digest
+    return out
+
+
 def layer_files(blob: bytes) -> dict[str, bytes]:
     with tarfile.open(fileobj=io.BytesIO(gzip.decompress(blob))) as t:
         return {m.name: t.extractfile(m).read() for m in t.getmembers() if m.isfile()}
@@ -129,6 +141,9 @@ def test_dist_has_the_wasm_with_its_sha256_and_the_bootstraps_and_manifests(dist
     assert listed == on_disk
     assert (dist / "static-pod.yaml").read_bytes() == (ROOT / "deploy" / "static-pod.yaml").read_bytes()
     assert (dist / "rbac.yaml").read_bytes() == (ROOT / "deploy" / "rbac.yaml").read_bytes()
+    assert {p.name for p in dist.iterdir()} == {
+        WASM_NAME, f"{WASM_NAME}.sha256", "SHA256SUMS", "bootstrap", "oci", "oci-digests.txt", "rbac.yaml",
+        "static-pod.yaml", "static-pod-image-volume.yaml"}
     assert sorted(p.name for p in (dist / "bootstrap").iterdir()) == [
         "kubeadm-cp-1-image-volume.yaml", "kubeadm-cp-1-leases.yaml", "kubeadm-cp-1.yaml", "plain.yaml"]
 
@@ -190,6 +205,8 @@ def test_oci_layout_is_the_compat_variant_for_amd64_and_arm64(dist):
     assert index["mediaType"] == OCI_INDEX
     platforms = {(m["platform"]["os"], m["platform"]["architecture"]): m for m in index["manifests"]}
     assert set(platforms) == {("linux", "amd64"), ("linux", "arm64")}
+    assert oci_digests(dist) == {"index": index_digest(layout), **{
+        f"{os_}/{arch}": m["digest"] for (os_, arch), m in platforms.items()}}
     layers = set()
     for desc in platforms.values():
         manifest = json.loads(oci_blob(layout, desc["digest"]))
@@ -405,7 +422,7 @@ def registry(tmp_path):
         if not proc.alive():
             raise AssertionError(f"registry exited:\n{proc.log_tail()}")
         try:
-            with harness._OPENER.open(f"http://127.0.0.1:{port}/v2/", timeout=1) as r:
+            with NO_PROXY.open(f"http://127.0.0.1:{port}/v2/", timeout=1) as r:
                 return r.status == 200
         except OSError:
             return False
@@ -424,17 +441,26 @@ def test_oci_image_pushed_with_skopeo_pulled_with_crane_runs_in_envoy(dist, regi
 
     # Pull: crane (go-containerregistry, what Istio's and Envoy Gateway's fetchers use).
     crane = harness.tool("crane")
-    assert run([crane, "digest", ref], text=True).stdout.strip() == digest, "the digest survives the push"
+    digests = oci_digests(dist)
+    assert run([crane, "digest", ref], text=True).stdout.strip() == digest == digests["index"], \
+        "the index digest survives the push"
     extracted = {}
     for arch in ("amd64", "arm64"):
-        manifest = json.loads(run([crane, "manifest", "--platform", f"linux/{arch}", ref], text=True).stdout)
-        assert_compat_manifest(manifest)
+        platform = f"linux/{arch}"
+        # What Istio and Envoy Gateway compare their sha256 with: the resolved platform manifest's digest.
+        assert run([crane, "digest", "--platform", platform, ref], text=True).stdout.strip() == digests[platform]
+        manifest = json.loads(run([crane, "manifest", "--platform", platform, ref], text=True).stdout)
+        layer = assert_compat_manifest(manifest)
+        # As Istio's fetcher does: the layer blob, gunzipped, plugin.wasm taken from the tar.
+        blob = run([crane, "blob", f"{registry}/kube-peer-proxy@{layer}"]).stdout
+        assert layer_files(blob).keys() == {"plugin.wasm"}
         # crane export: the image's filesystem as a tar stream.
-        flat = run([crane, "export", "--platform", f"linux/{arch}", ref, "-"]).stdout
+        flat = run([crane, "export", "--platform", platform, ref, "-"]).stdout
         with tarfile.open(fileobj=io.BytesIO(flat)) as t:
             names = [m.name for m in t.getmembers()]
             assert names == ["plugin.wasm"], names
             extracted[arch] = t.extractfile("plugin.wasm").read()
+        assert layer_files(blob)["plugin.wasm"] == extracted[arch]
     release = (dist / WASM_NAME).read_bytes()
     assert extracted == {"amd64": release, "arm64": release}
 
