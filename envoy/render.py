@@ -48,7 +48,20 @@ def plugin_config(node, peers, overrides=None, leases=None):
     return cfg
 
 
-def _cluster(name, host, port, tls_sni=None):
+def _upstream_tls(tls_sni, ca=None):
+    """TLS to an apiserver. With `ca` the certificate is verified: that CA, and the SAN `tls_sni`
+    (every kube-apiserver certificate has `kubernetes.default.svc`); without it Envoy would accept
+    any certificate, so only tests against fakes leave it out."""
+    ctx = {"@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+           "sni": tls_sni}
+    if ca is not None:
+        ctx["common_tls_context"] = {"validation_context": {
+            "trusted_ca": {"filename": ca},
+            "match_typed_subject_alt_names": [{"san_type": "DNS", "matcher": {"exact": tls_sni}}]}}
+    return {"name": "envoy.transport_sockets.tls", "typed_config": ctx}
+
+
+def _cluster(name, host, port, tls_sni=None, ca=None):
     c = {
         "name": name,
         "type": "STATIC",
@@ -57,13 +70,11 @@ def _cluster(name, host, port, tls_sni=None):
             {"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}}]}]},
     }
     if tls_sni is not None:
-        c["transport_socket"] = {"name": "envoy.transport_sockets.tls", "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
-            "sni": tls_sni}}
+        c["transport_socket"] = _upstream_tls(tls_sni, ca)
     return c
 
 
-def _lease_cluster(tls_sni=None):
+def _lease_cluster(tls_sni=None, ca=None):
     """The one cluster lease-learned peers are reached through: the filter (and the discovery
     service) pick the destination with ADDRESS_HEADER, only ever an address read from a lease."""
     c = {
@@ -74,9 +85,7 @@ def _lease_cluster(tls_sni=None):
         "original_dst_lb_config": {"use_http_header": True, "http_header_name": ADDRESS_HEADER},
     }
     if tls_sni is not None:
-        c["transport_socket"] = {"name": "envoy.transport_sockets.tls", "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
-            "sni": tls_sni}}
+        c["transport_socket"] = _upstream_tls(tls_sni, ca)
     return c
 
 
@@ -93,7 +102,7 @@ def _wasm_config(name, root_id, configuration, wasm_path):
 
 def render_bootstrap(*, node, listen_port, admin_port, local, peers, wasm_path, plugin=None,
                      filter_plugin=None, failure_policy="FAIL_RELOAD", with_filter=True,
-                     upstream_tls_sni=None, leases=None, listen_address="127.0.0.1"):
+                     upstream_tls_sni=None, upstream_ca=None, leases=None, listen_address="127.0.0.1"):
     """Returns the bootstrap as YAML text (JSON is valid YAML).
 
     leases: lease mode instead of `peers` (which must then be empty): the plugin's
@@ -175,10 +184,10 @@ def render_bootstrap(*, node, listen_port, admin_port, local, peers, wasm_path, 
         "http_filters": http_filters,
     }
     local_host, local_port = local
-    clusters = [_cluster("local", local_host, local_port, upstream_tls_sni)]
-    clusters += [_cluster(f"peer-{name}", host, port, upstream_tls_sni) for name, host, port in peers]
+    clusters = [_cluster("local", local_host, local_port, upstream_tls_sni, upstream_ca)]
+    clusters += [_cluster(f"peer-{name}", host, port, upstream_tls_sni, upstream_ca) for name, host, port in peers]
     if leases is not None:
-        clusters.append(_lease_cluster(upstream_tls_sni))
+        clusters.append(_lease_cluster(upstream_tls_sni, upstream_ca))
 
     bootstrap = {
         "node": {"id": f"kube-peer-proxy-{node}", "cluster": "kube-peer-proxy"},
@@ -393,7 +402,9 @@ def main(argv=None):
     p.add_argument("--peer", action="append", default=[], help="name=host:port (repeatable)")
     p.add_argument("--wasm", required=True)
     p.add_argument("--plugin-json", default=None, help="JSON object of plugin config overrides")
-    p.add_argument("--upstream-tls-sni", default=None, help="TLS to the apiservers with this SNI")
+    p.add_argument("--upstream-tls-sni", default=None, help="TLS to the apiservers with this SNI (and SAN)")
+    p.add_argument("--upstream-ca", default=None,
+                   help="verify the apiservers' certificates with this CA and the SNI as SAN (always do on real clusters)")
     p.add_argument("--lease-local-hostname", default=None,
                    help="lease mode: peers from apiserver identity leases; this node's kubernetes.io/hostname")
     a = p.parse_args(argv)
@@ -404,7 +415,7 @@ def main(argv=None):
     sys.stdout.write(render_bootstrap(
         node=a.node, listen_port=a.listen, admin_port=a.admin, local=_hostport(a.local), peers=peers,
         wasm_path=a.wasm, plugin=json.loads(a.plugin_json) if a.plugin_json else None,
-        upstream_tls_sni=a.upstream_tls_sni,
+        upstream_tls_sni=a.upstream_tls_sni, upstream_ca=a.upstream_ca,
         leases={"local_hostname": a.lease_local_hostname} if a.lease_local_hostname else None))
 
 

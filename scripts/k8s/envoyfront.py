@@ -1,12 +1,10 @@
 """Envoy + the kube-peer-proxy filter in front of real kube-apiservers (tests/k8s and compare.py).
 
-The bootstrap comes from envoy/render.py (`upstream_tls_sni="kubernetes.default.svc"`, discovery
-fetched with the static `kpp-discovery` token through the plugin's `discovery_headers`). Two
-additions are made here, on the rendered JSON, without changing the renderer:
+The bootstrap comes from envoy/render.py (`upstream_tls_sni="kubernetes.default.svc"` and
+`upstream_ca`: upstream TLS verified with the cluster CA and that SAN, what the built-in MVP checks
+too; discovery fetched with the static `kpp-discovery` token through the plugin's
+`discovery_headers`). Two additions are made here, on the rendered JSON:
 
-* upstream TLS *verification*: render.py only sets the SNI, so Envoy would accept any certificate;
-  we add the cluster CA and require the SAN `kubernetes.default.svc` (what the built-in MVP checks
-  too);
 * downstream TLS with the apiserver's own serving certificate (SAN 127.0.0.1): kubectl/client-go
   v1.36 does not send a bearer token over plain http (the request arrives as system:anonymous), so
   a client-facing Envoy must speak https, as the apiserver it stands in for does;
@@ -52,13 +50,8 @@ def bootstrap(cp: ControlPlane, local: APIServer, peers: list[APIServer], listen
     text = render.render_bootstrap(
         node=local.name, listen_port=listen, admin_port=admin, local=("127.0.0.1", local.port),
         peers=[] if leases is not None else [(p.name, "127.0.0.1", p.port) for p in peers],
-        wasm_path=str(harness.wasm_path()), plugin=cfg, upstream_tls_sni=SNI, leases=leases)
+        wasm_path=str(harness.wasm_path()), plugin=cfg, upstream_tls_sni=SNI, upstream_ca=str(cp.ca), leases=leases)
     b = json.loads(text)
-    for c in b["static_resources"]["clusters"]:
-        tls = c["transport_socket"]["typed_config"]
-        tls["common_tls_context"] = {"validation_context": {
-            "trusted_ca": {"filename": str(cp.ca)},
-            "match_typed_subject_alt_names": [{"san_type": "DNS", "matcher": {"exact": SNI}}]}}
     chain = b["static_resources"]["listeners"][0]["filter_chains"][0]
     chain["transport_socket"] = {"name": "envoy.transport_sockets.tls", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
