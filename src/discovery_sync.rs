@@ -15,9 +15,8 @@ use std::collections::HashMap;
 use crate::config::{Config, LeaseDiscovery};
 use crate::discovery::{self, GroupDiscovery, GroupMeta, VersionDiscovery};
 use crate::leases::{self, LeasePeer};
-use crate::merge;
 use crate::routing::PEER_PROXIED_HEADER;
-use crate::snapshot::{self, Member, ServerRef, Table};
+use crate::snapshot::{self, Member, ServerRef, Snapshot};
 
 /// client-go `AcceptV2NoPeer`, then v2, v2beta1 (servers 1.26–1.29) and legacy JSON.
 pub const DISCOVERY_ACCEPT: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;profile=nopeer,application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json";
@@ -103,15 +102,8 @@ pub struct SyncError {
     pub detail: String,
 }
 
-/// A snapshot ready to be written to shared data.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Publish {
-    pub table: Table,
-    pub merged_apis: Vec<u8>,
-    pub merged_api: Vec<u8>,
-    /// The merged `/apis` as a legacy `APIGroupList`.
-    pub merged_apis_legacy: Vec<u8>,
-}
+/// A snapshot ready to be written to shared data (see [`Snapshot`]).
+pub type Publish = Snapshot;
 
 /// Everything a callback produced.
 #[derive(Debug, Default)]
@@ -766,31 +758,16 @@ impl Syncer {
                 reachable: s.reachable,
             })
             .collect();
-        let apis: Vec<&[GroupDiscovery]> = members.iter().filter_map(|s| s.groups.docs.as_deref()).collect();
-        let api: Vec<&[GroupDiscovery]> = members.iter().filter_map(|s| s.core.docs.as_deref()).collect();
-        let merged_groups = merge::merge_groups(&apis);
-        let merged_apis = discovery::to_v2_json(&merged_groups);
-        let merged_apis_legacy = discovery::to_legacy_group_list_json(&merged_groups);
-        let merged_api = discovery::to_v2_json(&merge::merge_groups(&api));
-        let mut table = Table::build_members(&table_members);
-        table.membership_unknown = membership_unknown;
-        table.apis_etag = snapshot::etag(&merged_apis);
-        table.api_etag = snapshot::etag(&merged_api);
-        table.apis_legacy_etag = snapshot::etag(&merged_apis_legacy);
-        let fingerprint = table.encode();
+        let mut snapshot = Snapshot::build(&table_members, membership_unknown);
+        let fingerprint = snapshot.table.encode();
         if self.published.as_ref() == Some(&fingerprint) {
             return None;
         }
         self.published = Some(fingerprint);
         self.generation += 1;
-        table.generation = self.generation;
-        table.built_ms = now_ms;
-        Some(Publish {
-            table,
-            merged_apis,
-            merged_api,
-            merged_apis_legacy,
-        })
+        snapshot.table.generation = self.generation;
+        snapshot.table.built_ms = now_ms;
+        Some(snapshot)
     }
 }
 

@@ -33,7 +33,9 @@ pub enum NonResource<'a> {
     Other,
 }
 
-/// The routing-relevant part of a resource request's RequestInfo.
+/// A resource request's RequestInfo. Routing reads group, version, resource and subresource; verb,
+/// namespace and name are computed for the upstream-parity tests (`tests/request_info*.rs`), which
+/// pin the grammar down field by field.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResourceRequest<'a> {
     pub verb: String,

@@ -288,6 +288,41 @@ impl Table {
     }
 }
 
+/// Everything a filter needs, built from the members' state: the serving table and the merged
+/// discovery documents, with their ETags in the table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    pub table: Table,
+    pub merged_apis: Vec<u8>,
+    pub merged_api: Vec<u8>,
+    /// The merged `/apis` as a legacy `APIGroupList`.
+    pub merged_apis_legacy: Vec<u8>,
+}
+
+impl Snapshot {
+    /// Merges the members' last-known documents (in the order given: servers by name) and builds
+    /// the table; generation and build time are the caller's.
+    pub fn build(members: &[Member], membership_unknown: bool) -> Snapshot {
+        let apis: Vec<&[GroupDiscovery]> = members.iter().filter_map(|m| m.groups).collect();
+        let api: Vec<&[GroupDiscovery]> = members.iter().filter_map(|m| m.core).collect();
+        let merged_groups = crate::merge::merge_groups(&apis);
+        let merged_apis = crate::discovery::to_v2_json(&merged_groups);
+        let merged_apis_legacy = crate::discovery::to_legacy_group_list_json(&merged_groups);
+        let merged_api = crate::discovery::to_v2_json(&crate::merge::merge_groups(&api));
+        let mut table = Table::build_members(members);
+        table.membership_unknown = membership_unknown;
+        table.apis_etag = etag(&merged_apis);
+        table.api_etag = etag(&merged_api);
+        table.apis_legacy_etag = etag(&merged_apis_legacy);
+        Snapshot {
+            table,
+            merged_apis,
+            merged_api,
+            merged_apis_legacy,
+        }
+    }
+}
+
 /// A merged document as stored in shared data: `<generation>\n<document>`, so a reader can tell
 /// that it belongs to the table it decoded without hashing megabytes.
 pub fn tag(generation: u64, document: &[u8]) -> Vec<u8> {
