@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests" / "e2e"), str(ROOT / "envoy")]
+# harness and render come from the venv (scripts/setup.sh's kube-peer-proxy-tooling.pth).
 
 import harness  # noqa: E402
 import render  # noqa: E402

@@ -76,6 +76,14 @@ if [[ $'\n'"$installed_targets"$'\n' != *$'\nwasm32-wasip1\n'* ]]; then
 fi
 
 script_hash="$(sha256sum "${BASH_SOURCE[0]}" | cut -d' ' -f1)"
+# The repository's Python tooling (Envoy launcher, renderer, fake apiserver, control-plane helpers)
+# is importable from the venv by module name: one .pth lists where it lives, so no module edits
+# sys.path. Written on every run: a clone in another folder gets its own paths.
+PTH_DIRS=(tests tests/e2e tests/k8s envoy scripts/k8s scripts/dist)
+if [[ -x "$VENV/bin/python" ]]; then
+    site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    printf '%s\n' "${PTH_DIRS[@]/#/$ROOT/}" > "$site/kube-peer-proxy-tooling.pth"
+fi
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$script_hash" \
       && -x "$VENV/bin/python" && -x "$BIN/func-e" && -x "$BIN/kubectl" && -e "$BIN/envoy" \
       && -x "$BIN/crane" && -x "$BIN/registry" && -z "$(missing_apt_packages)" ]]; then
@@ -91,6 +99,8 @@ if [[ ! -x "$VENV/bin/python" ]]; then
 fi
 log "pip install ${PY_PACKAGES[*]}"
 "$VENV/bin/python" -m pip install --quiet "${PY_PACKAGES[@]}"
+site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+printf '%s\n' "${PTH_DIRS[@]/#/$ROOT/}" > "$site/kube-peer-proxy-tooling.pth"
 
 if [[ ! -x "$BIN/func-e" ]]; then
     log "go install func-e@$FUNC_E_VERSION -> $BIN/func-e"

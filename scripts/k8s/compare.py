@@ -36,8 +36,7 @@ import uuid
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import envoyfront  # noqa: E402  (puts tests/e2e, envoy on sys.path)
+import envoyfront  # noqa: E402
 import harness  # noqa: E402
 from cluster import (A_RUNTIME_CONFIG, CACHE, CRD_GROUP, DEFAULT_VERSION, ControlPlane,  # noqa: E402
                      cpu_seconds, crd_manifest, wait_for)

@@ -20,15 +20,9 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-for _p in (ROOT / "tests" / "e2e", ROOT / "tests", ROOT / "envoy", Path(__file__).resolve().parent):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
-
-import harness  # noqa: E402
-import render  # noqa: E402
-
-from cluster import SNI, APIServer, ControlPlane  # noqa: E402
+import harness
+import render
+from cluster import SNI, APIServer, ControlPlane
 
 # One discovery round per second; a server silent for 10 s stops being a routing target.
 K8S_PLUGIN = {"refresh_interval": "1s", "fetch_timeout": "3s", "staleness_limit": "10s"}

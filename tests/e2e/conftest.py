@@ -8,12 +8,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-for _p in (ROOT / "tests", ROOT / "envoy", Path(__file__).resolve().parent):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
-
-import harness  # noqa: E402
+import harness
 
 FAILURE_LOG_LINES = 300
 
@@ -77,3 +72,13 @@ def envoys(request, tmp_path: Path):
         # Printed in teardown, pytest shows it as "Captured stdout teardown"
         # under the failure.
         registry.dump_logs()
+
+
+@pytest.fixture
+def topo(envoys):
+    """The demo topology (fake apiservers a old, b and c new, one Envoy in front of a), always closed."""
+    from topology import Topology
+
+    t = Topology(envoys)
+    yield t
+    t.close()

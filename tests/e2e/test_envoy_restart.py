@@ -24,19 +24,10 @@ import pytest
 import harness
 import render
 from sim.probe import Hammer
-from topology import FAST, Topology, request
+from topology import COMMON, FAST, NEW_ONLY, Topology, request
 
-NEW_ONLY = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
-COMMON = "/apis/apps/v1/namespaces/default/deployments"
 CRASH_CRATE = harness.ROOT / "tests" / "e2e" / "crash_filter"
 CRASH_TARGET = harness.ROOT / "target" / "crash-filter"
-
-
-@pytest.fixture
-def topo(envoys):
-    t = Topology(envoys)
-    yield t
-    t.close()
 
 
 def set_discovery_delay(topo: Topology, ms: int) -> None:

@@ -26,19 +26,11 @@ import pytest
 
 import harness
 from sim.probe import Hammer
-from topology import FAST, Topology, request
+from topology import FAST, NEW_ONLY, Topology, request
 
-NEW_ONLY = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
 REFRESH = 0.5  # FAST["refresh_interval"]
 CONNECT_TIMEOUT = 1.0  # render.py: every cluster's connect_timeout
 SYNC_ERRORS = "kube_peer_proxy_discovery_sync_errors_total"
-
-
-@pytest.fixture
-def topo(envoys):
-    t = Topology(envoys)
-    yield t
-    t.close()
 
 
 def only_b_serves_new(topo: Topology) -> None:

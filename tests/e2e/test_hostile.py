@@ -17,9 +17,8 @@ import pytest
 
 import harness
 import render
-from topology import V2, Topology, request
+from topology import NEW_ONLY, Topology, V2, request
 
-NEW_ONLY = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
 
 
 class HostilePeer:

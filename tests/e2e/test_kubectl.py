@@ -12,13 +12,6 @@ from topology import Topology
 
 
 @pytest.fixture
-def topo(envoys):
-    t = Topology(envoys)
-    yield t
-    t.close()
-
-
-@pytest.fixture
 def kubectl(topo, tmp_path):
     binary = harness.tool("kubectl")
     version = subprocess.run([str(binary), "version", "--client"], capture_output=True, text=True).stdout

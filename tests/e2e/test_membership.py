@@ -24,15 +24,12 @@ import pytest
 
 import harness
 from fake_apiserver import with_resource
-from topology import V2, Topology, request
+from topology import COMMON, NEW_ONLY, NOWHERE, Topology, V2, request
 
-NEW_ONLY = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
 # A new-only resource in a group/version the old server serves: its 404 there is go-restful's JSON Status.
 NEW_ONLY_IN_OLD_GV = "/apis/storage.k8s.io/v1/volumeattributesclasses"
 NEW_ONLY_GV = "/apis/lifecycle.k8s.io/v1alpha1"
-COMMON = "/apis/apps/v1/namespaces/default/deployments"
 CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
-NOWHERE = "/apis/nothing.example.com/v1/widgets"
 NOWHERE_CORE = "/api/v1/namespaces/default/nosuchthings"
 NOWHERE_IN_SERVED_GV = "/apis/apps/v1/namespaces/default/nosuchthings"
 # Only b serves it (see b_with_gadgets).
@@ -41,13 +38,6 @@ GADGETS = "/apis/bonly.example.com/v1/namespaces/default/gadgets"
 GUARDED = "kube_peer_proxy_peer_proxy_errors_total;type=guarded_not_found"
 UNAVAILABLE = "kube_peer_proxy_peer_proxy_errors_total;type=peer_unavailable"
 SYNC_ERRORS = "kube_peer_proxy_discovery_sync_errors_total"
-
-
-@pytest.fixture
-def topo(envoys):
-    t = Topology(envoys)
-    yield t
-    t.close()
 
 
 def served_by(resp) -> str:

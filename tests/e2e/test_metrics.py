@@ -9,16 +9,8 @@ import time
 import pytest
 
 import harness
-from topology import Topology
+from topology import NEW_ONLY, Topology
 
-NEW_ONLY = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
-
-
-@pytest.fixture
-def topo(envoys):
-    t = Topology(envoys)
-    yield t
-    t.close()
 
 
 def gauge(topo, name: str) -> int | None:

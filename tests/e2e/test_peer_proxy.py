@@ -11,19 +11,8 @@ import time
 import pytest
 
 import harness
-from topology import KUBECTL_ACCEPT, NOPEER, V2, Topology, request
+from topology import COMMON, KUBECTL_ACCEPT, NEW_ONLY, NOPEER, NOWHERE, OLD_ONLY, Topology, V2, request
 
-NEW_ONLY = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
-OLD_ONLY = "/apis/resource.k8s.io/v1alpha3/namespaces/default/resourceclaims"
-COMMON = "/apis/apps/v1/namespaces/default/deployments"
-NOWHERE = "/apis/nothing.example.com/v1/widgets"
-
-
-@pytest.fixture
-def topo(envoys):
-    t = Topology(envoys)
-    yield t
-    t.close()
 
 
 def served_by(resp) -> str:

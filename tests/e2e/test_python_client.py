@@ -12,13 +12,6 @@ from topology import Topology
 
 
 
-@pytest.fixture
-def topo(envoys):
-    t = Topology(envoys)
-    yield t
-    t.close()
-
-
 def test_dynamic_client_discovers_lists_creates_and_watches_a_new_only_resource(topo):
     # Imported here so a missing package fails this test loudly instead of skipping it.
     from kubernetes import client, dynamic

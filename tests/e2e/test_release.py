@@ -37,12 +37,9 @@ import pytest
 import yaml
 
 import harness
-from topology import Topology
+from topology import NEW_ONLY, Topology
 
 ROOT = harness.ROOT
-for _p in (ROOT / "scripts" / "k8s", ROOT / "scripts" / "dist"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
 
 import cluster  # noqa: E402  (scripts/k8s/cluster.py)
 import image_volume  # noqa: E402  (scripts/dist/image_volume.py)
@@ -50,7 +47,6 @@ import image_volume  # noqa: E402  (scripts/dist/image_volume.py)
 VERSION = tomllib.loads((ROOT / "Cargo.toml").read_text())["package"]["version"]
 WASM_NAME = f"kube_peer_proxy-{VERSION}.wasm"
 STARTUP_LINE = f"kube-peer-proxy {VERSION} discovery service configured"
-NEW_ONLY = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
 COMPAT_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -319,13 +315,6 @@ def wasm_server(dist):
     s = WasmServer(dist)
     yield s
     s.close()
-
-
-@pytest.fixture
-def topo(envoys):
-    t = Topology(envoys)
-    yield t
-    t.close()
 
 
 def with_remote_code(bootstrap_yaml: str, port: int, path: str, sha: str) -> str:

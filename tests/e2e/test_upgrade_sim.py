@@ -66,22 +66,13 @@ import pytest  # noqa: E402
 
 import harness  # noqa: E402
 from sim.probe import Hammer  # noqa: E402
-from topology import Topology  # noqa: E402
+from topology import NEW_ONLY, OLD_ONLY, Topology  # noqa: E402
 
-OLD_ONLY = "/apis/resource.k8s.io/v1alpha3/namespaces/default/resourceclaims"
-NEW_ONLY = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
 NODES = ("a", "b", "c")
 # A slow round, so a restart between two rounds is certain, not likely.
 SLOW = {"refresh_interval": "5s", "fetch_timeout": "1s", "staleness_limit": "30s"}
 FAST_PAUSE = 0.1  # seconds a is down in the fast restart: far shorter than one round
 FAST_WINDOW = 1.5  # seconds of requests after it is back, all before the next round
-
-
-@pytest.fixture
-def topo(envoys):
-    t = Topology(envoys)
-    yield t
-    t.close()
 
 
 def _all_fresh(topo: Topology) -> bool:

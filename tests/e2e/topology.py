@@ -17,6 +17,12 @@ NOPEER = V2 + ";profile=nopeer"
 KUBECTL_ACCEPT = (V2 + ",application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,"
                   "application/json")
 
+# Resources of the demo topology (a old: the 1.33 API set; b, c new: the 1.37-dev set).
+NEW_ONLY = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
+OLD_ONLY = "/apis/resource.k8s.io/v1alpha3/namespaces/default/resourceclaims"
+COMMON = "/apis/apps/v1/namespaces/default/deployments"
+NOWHERE = "/apis/nothing.example.com/v1/widgets"
+
 # Plugin settings that make tests quick without racing: a round every 500 ms.
 FAST = {"refresh_interval": "500ms", "fetch_timeout": "1s", "staleness_limit": "5s"}
 

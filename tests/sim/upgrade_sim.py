@@ -45,11 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-for _p in (ROOT / "tests", ROOT / "envoy", ROOT / "tests" / "e2e"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
 
-import harness  # noqa: E402
+import harness  # noqa: E402  (modules found through the venv's kube-peer-proxy-tooling.pth)
 import render  # noqa: E402
 from fake_apiserver import Cluster, builtin_apiset  # noqa: E402
 from fake_apiserver.store import NotFound  # noqa: E402
