@@ -53,11 +53,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-for _p in (ROOT / "tests" / "e2e", ROOT / "envoy", HERE):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
 
-import harness  # noqa: E402
+import harness  # noqa: E402  (modules found through the venv's kube-peer-proxy-tooling.pth)
 import render  # noqa: E402
 
 from cluster import (AUDIT_POLICY, CACHE, DEFAULT_VERSION, ETCD_VERSION, Proc, binary,  # noqa: E402

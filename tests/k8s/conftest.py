@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from k8senv import A_RUNTIME_CONFIG, DEFAULT_VERSION, start_env, stop_env  # noqa: E402
+from k8senv import A_RUNTIME_CONFIG, DEFAULT_VERSION, start_env, stop_env
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

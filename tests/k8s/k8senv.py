@@ -11,14 +11,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-for _p in (ROOT / "tests" / "e2e", ROOT / "tests", ROOT / "envoy", ROOT / "scripts" / "k8s"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
-
-import harness  # noqa: E402
-from cluster import A_RUNTIME_CONFIG, DEFAULT_VERSION, ControlPlane  # noqa: E402
-from envoyfront import Front  # noqa: E402
+import harness
+from cluster import A_RUNTIME_CONFIG, DEFAULT_VERSION, ControlPlane
+from envoyfront import Front
 
 V2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 NOPEER = V2 + ";profile=nopeer"

@@ -31,9 +31,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-for _p in (ROOT / "tests" / "e2e", ROOT / "envoy", ROOT / "scripts" / "k8s"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
 
 import harness  # noqa: E402
 import render  # noqa: E402
