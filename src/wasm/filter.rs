@@ -175,6 +175,21 @@ struct Asking {
     answering: Result<Option<bool>, u32>,
     others: Vec<(u32, Option<bool>)>,
     pending: usize,
+    /// The server that answered (not asked again as one of the others).
+    answered_by: (String, Option<String>),
+    others_asked: bool,
+}
+
+impl Asking {
+    /// Verified mode asks the other members only once the answering server's own answer says
+    /// "type not served" (an object's 404, the common case, costs one question).
+    fn needs_others(&self) -> bool {
+        let answer = match self.answering {
+            Ok(a) => a.or(Some(self.last_seen).filter(|l| *l)),
+            Err(_) => return false,
+        };
+        !self.strict && !self.others_asked && answer == Some(false)
+    }
 }
 
 /// A merged discovery answer waiting for the local apiserver's verdict: the local server
@@ -239,25 +254,13 @@ impl PeerProxy {
             answering,
             others: Vec::new(),
             pending: 0,
+            answered_by: (g.cluster.clone(), g.address.clone()),
+            others_asked: false,
         };
-        if !g.strict && asking.answering != Ok(Some(true)) {
-            // Nobody else is known to serve it: a 404 stands only if no other member serves it now.
-            let others: Vec<(String, Option<String>)> = table
-                .iter()
-                .flat_map(|t| t.servers.iter())
-                .filter(|s| !(s.cluster == g.cluster && s.address == g.address))
-                .map(|s| (s.cluster.clone(), s.address.clone()))
-                .collect();
-            if others.len() > MAX_ASKED {
-                return self.guarded_503(&asking.question.gvr);
-            }
-            for (cluster, address) in others {
-                if let Some(token) = self.ask(&asking.question, &cluster, address.as_deref()) {
-                    asking.others.push((token, None));
-                }
-            }
+        if asking.needs_others() && !self.ask_others(&mut asking, table.as_deref()) {
+            return self.guarded_503(&asking.question.gvr);
         }
-        asking.pending = asking.others.len() + usize::from(asking.answering.is_err());
+        asking.pending += usize::from(asking.answering.is_err());
         if asking.pending == 0 {
             return self.conclude(asking);
         }
@@ -268,6 +271,29 @@ impl PeerProxy {
         );
         self.asking = Some(asking);
         Action::Pause
+    }
+
+    /// Nobody else is known to serve it: a 404 stands only if no other member serves it now.
+    /// `false` when there are more members than may be asked about one 404.
+    fn ask_others(&self, asking: &mut Asking, table: Option<&Table>) -> bool {
+        asking.others_asked = true;
+        let (cluster, address) = &asking.answered_by;
+        let others: Vec<(String, Option<String>)> = table
+            .iter()
+            .flat_map(|t| t.servers.iter())
+            .filter(|s| !(&s.cluster == cluster && &s.address == address))
+            .map(|s| (s.cluster.clone(), s.address.clone()))
+            .collect();
+        if others.len() > MAX_ASKED {
+            return false;
+        }
+        for (cluster, address) in others {
+            if let Some(token) = self.ask(&asking.question, &cluster, address.as_deref()) {
+                asking.others.push((token, None));
+                asking.pending += 1;
+            }
+        }
+        true
     }
 
     /// Asks one server's discovery about `q`; `None` if the call cannot be made.
@@ -399,6 +425,13 @@ impl Context for PeerProxy {
             return;
         }
         asking.pending = asking.pending.saturating_sub(1);
+        if asking.needs_others() {
+            let table = self.shared.table();
+            if !self.ask_others(&mut asking, table.as_deref()) {
+                let _ = self.guarded_503(&asking.question.gvr);
+                return;
+            }
+        }
         if asking.pending > 0 {
             self.asking = Some(asking);
             return;
