@@ -282,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
             envoys.append(start_envoy(node, nodes, wasm))
         for envoy in envoys:
             envoy.wait_until_ready(READY_TIMEOUT)
+            # Before its first discovery round a filter sends everything to its local server (and
+            # answers 503 where a 404 might be false): wait until each has learned its peers.
+            envoy.wait_snapshot(READY_TIMEOUT)
         wait_for_merged_discovery(a)
         write_files(a)
         print_guide(nodes, envoys, probes, args.check)
