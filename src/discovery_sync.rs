@@ -486,22 +486,27 @@ impl Syncer {
         step
     }
 
+    /// The error for an outcome without a usable HTTP response.
+    fn no_answer(&self, outcome: Outcome) -> (SyncErrorKind, String) {
+        match outcome {
+            Outcome::Unreachable => (SyncErrorKind::Unreachable, "cannot connect".into()),
+            Outcome::NoResponse | Outcome::Response { .. } => (SyncErrorKind::Reset, "no response".into()),
+            Outcome::Overdue => (SyncErrorKind::Timeout, "no answer before the round's deadline".into()),
+            Outcome::Oversized => (
+                SyncErrorKind::Oversized,
+                format!("body larger than {} bytes", self.max_bytes),
+            ),
+        }
+    }
+
     fn interpret_leases(&self, outcome: Outcome) -> Result<Vec<LeasePeer>, (SyncErrorKind, String)> {
         let Some(config) = &self.leases else {
             return Err((SyncErrorKind::Decode, "lease mode is off".into()));
         };
         let body = match outcome {
-            Outcome::Unreachable => return Err((SyncErrorKind::Unreachable, "cannot connect".into())),
-            Outcome::NoResponse => return Err((SyncErrorKind::Reset, "no response".into())),
-            Outcome::Overdue => return Err((SyncErrorKind::Timeout, "no answer before the round's deadline".into())),
-            Outcome::Oversized => {
-                return Err((
-                    SyncErrorKind::Oversized,
-                    format!("body larger than {} bytes", self.max_bytes),
-                ))
-            }
             Outcome::Response { status: 200, body, .. } => body,
             Outcome::Response { status, .. } => return Err((SyncErrorKind::HttpStatus, format!("HTTP {status}"))),
+            failed => return Err(self.no_answer(failed)),
         };
         let own = leases::Own {
             hostname: config.local_hostname.clone(),
@@ -602,21 +607,13 @@ impl Syncer {
     /// Turns an HTTP outcome into a parsed document (or the cached one for a 304).
     fn interpret(&mut self, si: usize, path: &str, outcome: Outcome) -> Result<Doc, (SyncErrorKind, String)> {
         let (status, content_type, etag, body) = match outcome {
-            Outcome::Unreachable => return Err((SyncErrorKind::Unreachable, "cannot connect".into())),
-            Outcome::NoResponse => return Err((SyncErrorKind::Reset, "no response".into())),
-            Outcome::Overdue => return Err((SyncErrorKind::Timeout, "no answer before the round's deadline".into())),
-            Outcome::Oversized => {
-                return Err((
-                    SyncErrorKind::Oversized,
-                    format!("body larger than {} bytes", self.max_bytes),
-                ))
-            }
             Outcome::Response {
                 status,
                 content_type,
                 etag,
                 body,
             } => (status, content_type, etag, body),
+            failed => return Err(self.no_answer(failed)),
         };
         let server = self
             .servers
