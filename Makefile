@@ -4,7 +4,8 @@ SHELL := /bin/bash
 WASM := target/wasm32-wasip1/release/kube_peer_proxy.wasm
 PY := .venv/bin/python
 PYTEST := $(PY) -m pytest
-# Tests that need real Envoy; never skipped (see tests/e2e/harness.py).
+# Tests that need real Envoy; never skipped (see python/kpp/harness.py). The Python tooling is the
+# package kpp (python/kpp), on the venv's path through scripts/setup.sh.
 E2E ?= tests/e2e
 # Reproducible .wasm: the crate's own paths are already relative; dependencies' panic-location
 # strings would carry this machine's $CARGO_HOME, so it is remapped for the wasm target (a user's
@@ -51,8 +52,8 @@ dist: build
 	bash scripts/dist.sh
 
 # Committed demo bootstraps; tests check they match the renderer and pass `envoy --mode validate`.
-envoy-configs:
-	python3 envoy/render.py --demo envoy/demo
+envoy-configs: setup
+	$(PY) -m kpp.render --demo envoy/demo
 
 clean:
 	cargo clean
@@ -107,23 +108,23 @@ compare-mvp: build k8s-build
 
 # ---- Rolling-upgrade simulation ----------------------------------------------------------------
 # Three fake apiservers behind three Envoys and a front LB, upgraded old → new one at a time under load; the
-# same schedule with and without the filter; prints the comparison table (tests/sim/upgrade_sim.py).
+# same schedule with and without the filter; prints the comparison table (python/kpp/sim/upgrade_sim.py).
 # `make test` runs a short version (tests/e2e/test_upgrade_sim.py).
 SIM_DURATION ?= 90
 SIM_ARGS ?=
 
 .PHONY: upgrade-sim
 upgrade-sim: build
-	$(PY) tests/sim/upgrade_sim.py --duration $(SIM_DURATION) --mode both $(SIM_ARGS)
+	$(PY) -m kpp.sim.upgrade_sim --duration $(SIM_DURATION) --mode both $(SIM_ARGS)
 
 # The same hazard with real binaries: three kubeadm nodes (kube-apiserver v1.35.4 -> v1.36.3 on one etcd)
 # and kube-controller-manager v1.36.3 (garbage collector, namespace controller), behind a round-robin
 # load balancer and node-local; control (no filter) and filter runs; writes docs/upgrade-k8s.png.
-# `tests/k8s/test_upgrade_k8s.py` is its short version (scripts/k8s/upgrade_k8s.py --short).
+# `tests/k8s/test_upgrade_k8s.py` is its short version (python/kpp/upgrade_k8s.py --short).
 UPGRADE_K8S_ARGS ?=
 .PHONY: upgrade-k8s
 upgrade-k8s: build k8s-build-skew
-	$(PY) scripts/k8s/upgrade_k8s.py --plot docs/upgrade-k8s.png $(UPGRADE_K8S_ARGS)
+	$(PY) -m kpp.upgrade_k8s --plot docs/upgrade-k8s.png $(UPGRADE_K8S_ARGS)
 
 # ---- Benchmarks ---------------------------------------------------------------------------------
 # Speed and memory goals are shown here, not by timed unit tests: callgrind instruction counts of the

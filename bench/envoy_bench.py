@@ -43,11 +43,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-# harness and render come from the venv (scripts/setup.sh's kube-peer-proxy-tooling.pth).
+from kpp import harness, render
 
-import harness  # noqa: E402
-import render  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 FIXTURES = ROOT / "tests" / "fixtures" / "k8s-discovery"
 OLD_FIXTURE = FIXTURES / "aggregated_v2.k8s-1.33.json"

@@ -31,13 +31,10 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from kpp import harness, render
+from kpp.fake_apiserver import Cluster
+
 ROOT = Path(__file__).resolve().parents[1]
-# harness, render and fake_apiserver come from the venv (scripts/setup.sh's kube-peer-proxy-tooling.pth).
-
-import harness  # noqa: E402
-import render  # noqa: E402
-from fake_apiserver import Cluster  # noqa: E402
-
 DEMO_DIR = ROOT / ".demo"
 KUBECTL = ROOT / ".tools" / "bin" / "kubectl"
 DISCOVERY_ACCEPT = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"

@@ -3,7 +3,7 @@
 #
 #   dist/kube_peer_proxy-<version>.wasm         the filter (reproducible: tests/e2e/test_release.py)
 #   dist/kube_peer_proxy-<version>.wasm.sha256  sha256sum format; what Envoy's code.remote needs
-#   dist/bootstrap/*.yaml                       envoy/render.py output for placeholder nodes
+#   dist/bootstrap/*.yaml                       kpp.render output for placeholder nodes
 #   dist/static-pod.yaml                        deploy/static-pod.yaml (the .wasm as a hostPath file)
 #   dist/static-pod-image-volume.yaml           the same pod, .wasm from the OCI image (image volume)
 #   dist/rbac.yaml                              deploy/rbac.yaml
@@ -18,7 +18,8 @@
 #
 # The version is Cargo.toml's. Environment: DIST_DIR (default dist), KPP_IMAGE_REPO (the repository
 # written into the image-volume manifest, default registry.example.com/kube-peer-proxy).
-# Tools: buildah (the image), python3 with PyYAML (.venv); scripts/setup.sh installs them.
+# Tools: buildah (the image), the .venv python (PyYAML; kpp from python/ on its path); scripts/setup.sh
+# installs them.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -52,15 +53,15 @@ log "$NAME sha256 $WASM_SHA"
 # the same in lease mode, and the same with the .wasm from the image volume; and a plain loopback
 # one (the demo's layout: run `envoy -c bootstrap/plain.yaml` in dist/ next to the .wasm).
 HOSTPATH_WASM=/etc/kubernetes/kube-peer-proxy/kube_peer_proxy.wasm
-IMAGE_WASM="$("$PY" -c 'import sys; sys.path.insert(0, "scripts/dist"); import image_volume; print(image_volume.WASM_PATH)')"
+IMAGE_WASM="$("$PY" -c 'from kpp import image_volume; print(image_volume.WASM_PATH)')"
 kubeadm=(--kubeadm /etc/kubernetes/pki --node cp-1 --node-ip 192.0.2.11 --apiserver 127.0.0.1:6443)
 peers=(--peer cp-2=192.0.2.12 --peer cp-3=192.0.2.13)
-python3 envoy/render.py "${kubeadm[@]}" "${peers[@]}" --wasm "$HOSTPATH_WASM" > "$OUT/bootstrap/kubeadm-cp-1.yaml"
-python3 envoy/render.py "${kubeadm[@]}" --lease-local-hostname cp-1 --wasm "$HOSTPATH_WASM" \
+"$PY" -m kpp.render "${kubeadm[@]}" "${peers[@]}" --wasm "$HOSTPATH_WASM" > "$OUT/bootstrap/kubeadm-cp-1.yaml"
+"$PY" -m kpp.render "${kubeadm[@]}" --lease-local-hostname cp-1 --wasm "$HOSTPATH_WASM" \
     > "$OUT/bootstrap/kubeadm-cp-1-leases.yaml"
-python3 envoy/render.py "${kubeadm[@]}" "${peers[@]}" --wasm "$IMAGE_WASM" \
+"$PY" -m kpp.render "${kubeadm[@]}" "${peers[@]}" --wasm "$IMAGE_WASM" \
     > "$OUT/bootstrap/kubeadm-cp-1-image-volume.yaml"
-python3 envoy/render.py --node a --listen 18441 --admin 19441 --local 127.0.0.1:16441 \
+"$PY" -m kpp.render --node a --listen 18441 --admin 19441 --local 127.0.0.1:16441 \
     --peer b=127.0.0.1:16442 --peer c=127.0.0.1:16443 --wasm "$NAME" > "$OUT/bootstrap/plain.yaml"
 
 # ---- manifests ------------------------------------------------------------------------------------
@@ -109,7 +110,7 @@ OCI_DIGEST="$(head -n1 "$OUT/oci-digests.txt" | cut -d' ' -f1)"
 log "OCI image $IMAGE_REPO:$VERSION index digest $OCI_DIGEST (dist/oci, tag $VERSION)"
 
 # ---- the image-volume static pod, derived from deploy/static-pod.yaml -------------------------------
-"$PY" scripts/dist/image_volume.py --reference "$IMAGE_REPO:$VERSION@$OCI_DIGEST" \
+"$PY" -m kpp.image_volume --reference "$IMAGE_REPO:$VERSION@$OCI_DIGEST" \
     > "$OUT/static-pod-image-volume.yaml"
 
 (cd "$OUT" && find . -path ./oci -prune -o -type f ! -name SHA256SUMS -printf '%P\n' | LC_ALL=C sort \

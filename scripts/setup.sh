@@ -76,10 +76,11 @@ if [[ $'\n'"$installed_targets"$'\n' != *$'\nwasm32-wasip1\n'* ]]; then
 fi
 
 script_hash="$(sha256sum "${BASH_SOURCE[0]}" | cut -d' ' -f1)"
-# The repository's Python tooling (Envoy launcher, renderer, fake apiserver, control-plane helpers)
-# is importable from the venv by module name: one .pth lists where it lives, so no module edits
-# sys.path. Written on every run: a clone in another folder gets its own paths.
-PTH_DIRS=(tests tests/e2e tests/k8s envoy scripts/k8s scripts/dist)
+# The repository's Python tooling is one package, kpp (python/kpp: Envoy launcher, renderer, fake
+# apiserver, topology, control-plane helpers, simulation), importable from the venv as `kpp`: one .pth
+# puts python/ on the path, so no module edits sys.path. Test-only helpers under tests/ are found by
+# pytest itself. Written on every run: a clone in another folder gets its own path.
+PTH_DIRS=(python)
 if [[ -x "$VENV/bin/python" ]]; then
     site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
     printf '%s\n' "${PTH_DIRS[@]/#/$ROOT/}" > "$site/kube-peer-proxy-tooling.pth"

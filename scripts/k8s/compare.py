@@ -35,11 +35,9 @@ import time
 import uuid
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-import envoyfront  # noqa: E402
-import harness  # noqa: E402
-from cluster import (A_RUNTIME_CONFIG, CACHE, CRD_GROUP, DEFAULT_VERSION, ControlPlane,  # noqa: E402
-                     cpu_seconds, crd_manifest, wait_for)
+from kpp import envoyfront, harness
+from kpp.cluster import (A_RUNTIME_CONFIG, CACHE, CRD_GROUP, DEFAULT_VERSION, ControlPlane, cpu_seconds,
+                         crd_manifest, wait_for)
 
 V2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 NOPEER = V2 + ";profile=nopeer"

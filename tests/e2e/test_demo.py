@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import harness
+from kpp import harness
 
 
 def test_demo_check_passes():

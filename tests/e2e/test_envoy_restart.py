@@ -3,7 +3,7 @@
 * Between Envoy's start and the filter's first snapshot (a restarted Envoy has no routing table until its first
   discovery round), requests go to the local apiserver first: what it serves is answered at once, and its "not
   served here" 404 for a resource only the peers serve becomes a 503 `Status` with `Retry-After`, never a 404.
-* `failure_policy`: render.py sets `FAIL_RELOAD`. What each policy does when the VM traps is measured here with
+* `failure_policy`: kpp.render sets `FAIL_RELOAD`. What each policy does when the VM traps is measured here with
   a deliberately crashing filter (`crash_filter/`, built by the test; the real filter has no way to be made to
   trap): the request that crashes the VM gets a 503, and then
     - FAIL_RELOAD: that worker answers 503 while Envoy backs off (1 s base), then a fresh VM takes over (for our
@@ -21,10 +21,9 @@ import time
 
 import pytest
 
-import harness
-import render
-from sim.probe import Hammer
-from topology import COMMON, FAST, NEW_ONLY, Topology, request
+from kpp import harness, render
+from kpp.sim.probe import Hammer
+from kpp.topology import COMMON, FAST, NEW_ONLY, Topology, request
 
 CRASH_CRATE = harness.ROOT / "tests" / "e2e" / "crash_filter"
 CRASH_TARGET = harness.ROOT / "target" / "crash-filter"
@@ -131,7 +130,7 @@ def crash_wasm():
 
 @pytest.mark.parametrize("policy", ["FAIL_RELOAD", "FAIL_CLOSED", "FAIL_OPEN"])
 def test_what_a_vm_failure_does_under_each_failure_policy(envoys, crash_wasm, policy):
-    from fake_apiserver import Cluster
+    from kpp.fake_apiserver import Cluster
 
     cluster = Cluster()
     try:

@@ -24,12 +24,12 @@ import time
 
 import pytest
 
-import harness
-from sim.probe import Hammer
-from topology import FAST, NEW_ONLY, Topology, request
+from kpp import harness
+from kpp.sim.probe import Hammer
+from kpp.topology import FAST, NEW_ONLY, Topology, request
 
 REFRESH = 0.5  # FAST["refresh_interval"]
-CONNECT_TIMEOUT = 1.0  # render.py: every cluster's connect_timeout
+CONNECT_TIMEOUT = 1.0  # kpp.render: every cluster's connect_timeout
 SYNC_ERRORS = "kube_peer_proxy_discovery_sync_errors_total"
 
 

@@ -8,7 +8,7 @@ import os
 import urllib.request
 from pathlib import Path
 
-import harness
+from kpp import harness
 
 SMOKE_CONFIG = """
 admin:

@@ -1,7 +1,7 @@
 """Hostile input through real Envoy: odd requests and hostile discovery documents. Envoy keeps
 serving, the wasm VM never fails, memory stays bounded, and a bad peer keeps its last good data.
 
-Limits in force (envoy/render.py and envoy/README.md): Envoy's `max_request_headers_kb` 60 (its
+Limits in force (kpp.render and envoy/README.md): Envoy's `max_request_headers_kb` 60 (its
 default, set explicitly), the plugin's `max_discovery_bytes` (16 MiB default), serde_json's nesting
 limit of 128 for discovery documents."""
 
@@ -15,9 +15,8 @@ import threading
 
 import pytest
 
-import harness
-import render
-from topology import NEW_ONLY, Topology, V2, request
+from kpp import harness, render
+from kpp.topology import NEW_ONLY, Topology, V2, request
 
 
 

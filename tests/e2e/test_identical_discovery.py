@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import json
 
-import harness
-import render
-from fake_apiserver import Cluster
-from fake_apiserver.discovery import FIXTURES
-from topology import FAST, V2, request
+from kpp import harness, render
+from kpp.fake_apiserver import Cluster
+from kpp.fake_apiserver.discovery import FIXTURES
+from kpp.topology import FAST, V2, request
 
 DOCS = {"/apis (v2)": ("/apis", V2), "/api (v2)": ("/api", V2), "/apis (legacy)": ("/apis", "application/json")}
 

@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 
-import harness
-from topology import Topology
+from kpp import harness
+from kpp.topology import Topology
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-import harness
-from topology import NEW_ONLY, Topology
+from kpp import harness
+from kpp.topology import NEW_ONLY, Topology
 
 
 

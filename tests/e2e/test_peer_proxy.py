@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-import harness
-from topology import COMMON, KUBECTL_ACCEPT, NEW_ONLY, NOPEER, NOWHERE, OLD_ONLY, Topology, V2, request
+from kpp import harness
+from kpp.topology import COMMON, KUBECTL_ACCEPT, NEW_ONLY, NOPEER, NOWHERE, OLD_ONLY, Topology, V2, request
 
 
 
@@ -270,7 +270,7 @@ def test_invalid_plugin_config_is_rejected_at_load_with_the_field_named(topo, tm
 def test_committed_envoy_configs_validate():
     import subprocess
 
-    import render
+    from kpp import render
     for path in sorted((harness.ROOT / "envoy" / "demo").glob("*.yaml")):
         # Run from the repo root: the demo bootstraps name the .wasm relative to it.
         r = subprocess.run([str(harness.envoy_binary()), "--mode", "validate", "-c", str(path)],

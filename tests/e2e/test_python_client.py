@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from topology import Topology
+from kpp.topology import Topology
 
 
 

@@ -36,13 +36,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-import harness
-from topology import NEW_ONLY, Topology
+from kpp import cluster, harness, image_volume
+from kpp.topology import NEW_ONLY, Topology
 
 ROOT = harness.ROOT
-
-import cluster  # noqa: E402  (scripts/k8s/cluster.py)
-import image_volume  # noqa: E402  (scripts/dist/image_volume.py)
 
 VERSION = tomllib.loads((ROOT / "Cargo.toml").read_text())["package"]["version"]
 WASM_NAME = f"kube_peer_proxy-{VERSION}.wasm"

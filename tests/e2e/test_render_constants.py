@@ -1,12 +1,12 @@
-"""envoy/render.py copies a few names from the Rust code (it must, to render a bootstrap the filter
-agrees with); this test reads them back out of src/ so a rename on one side cannot go unnoticed."""
+"""kpp.render (python/kpp/render.py) copies a few names from the Rust code (it must, to render a bootstrap
+the filter agrees with); this test reads them back out of src/ so a rename on one side cannot go unnoticed."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-import render
+from kpp import render
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 

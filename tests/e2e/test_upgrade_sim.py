@@ -3,7 +3,7 @@
 Both modes run the identical schedule (a, b, c upgraded old → new one at a time under ≥ 200 req/s of
 get/list/create/delete plus long watches over old-only, new-only and common GVRs). A server is *in service*
 once its /readyz answers through its Envoy and a direct GET /apis on it answers, in both modes alike (see
-sim/classify.py). With the filter: no false 404 (nor one while a server was starting), no lost write, no wasm
+kpp/sim/classify.py). With the filter: no false 404 (nor one while a server was starting), no lost write, no wasm
 VM panic, every 503 a `Status` with `Retry-After`, and per resource class at least MIN_AVAILABILITY % of the
 requests for a GVR some in-service server serves answered 2xx outside one refresh interval after each change.
 Without it (plain Envoy): false 404s, and an availability of old-only and new-only GVRs far below that floor
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from sim import classify, gvrs, upgrade_sim
+from kpp.sim import classify, gvrs, upgrade_sim
 
 DURATION = 18.0
-# What a response may be with the filter; anything else is a failure (see sim/classify.py for the meanings).
+# What a response may be with the filter; anything else is a failure (see kpp/sim/classify.py for the meanings).
 FILTER_OUTCOMES = {"2xx", "404 genuine", classify.F503, classify.E503}
 MIN_AVAILABILITY = upgrade_sim.MIN_AVAILABILITY
 # Classes whose requests need a peer for part of the run (common GVRs are served by every server).
@@ -64,9 +64,9 @@ import time  # noqa: E402
 
 import pytest  # noqa: E402
 
-import harness  # noqa: E402
-from sim.probe import Hammer  # noqa: E402
-from topology import NEW_ONLY, OLD_ONLY, Topology  # noqa: E402
+from kpp import harness  # noqa: E402
+from kpp.sim.probe import Hammer  # noqa: E402
+from kpp.topology import NEW_ONLY, OLD_ONLY, Topology  # noqa: E402
 
 NODES = ("a", "b", "c")
 # A slow round, so a restart between two rounds is certain, not likely.

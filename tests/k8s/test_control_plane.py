@@ -28,10 +28,10 @@ import uuid
 
 import pytest
 
-import harness
+from kpp import harness
+from kpp.cluster import CRD_GROUP, WARDLE_GROUP, WARDLE_VERSION, crd_manifest
+from kpp.envoyfront import K8S_PLUGIN
 from k8senv import NOPEER, V2, discovery, gvrs, http
-from cluster import CRD_GROUP, WARDLE_GROUP, WARDLE_VERSION, crd_manifest
-from envoyfront import K8S_PLUGIN
 
 JOBS = "/apis/batch/v1/namespaces/default/jobs"
 HPAS = "/apis/autoscaling/v2/namespaces/default/horizontalpodautoscalers"

@@ -12,9 +12,8 @@ import subprocess
 
 import yaml
 
-import harness
-import render
-from cluster import DEFAULT_VERSION, ROOT, binary
+from kpp import harness, render
+from kpp.cluster import DEFAULT_VERSION, ROOT, binary
 
 DEPLOY = ROOT / "deploy"
 

@@ -1,11 +1,11 @@
 """Drop-in on a real kubeadm control-plane node: kube-peer-proxy's Envoy owns <node-ip>:6443, the
 kube-apiserver moves to a node-local address, peers talk through the peer listener <node-ip>:6444.
 
-Topology (module fixture, scripts/k8s/kubeadm_node.py): one etcd; nodes cp-1 (node IP 127.0.0.11,
+Topology (module fixture, kpp.kubeadm_node): one etcd; nodes cp-1 (node IP 127.0.0.11,
 kube-apiserver v1.36.3 on 127.0.1.11:6443 with `--runtime-config=batch/v1=false`) and cp-2 (127.0.0.12,
 apiserver 127.0.1.12:6443, everything). kubeadm v1.36.3 wrote every certificate, kubeconfig and the
 apiserver manifest; each apiserver runs with exactly kubeadm's flags except the overrides that
-`test_apiservers_run_kubeadms_flags` prints. Each node's Envoy is `envoy/render.py` `render_kubeadm`
+`test_apiservers_run_kubeadms_flags` prints. Each node's Envoy is `kpp.render.render_kubeadm`
 with the other node as peer. "local" below = configmaps through cp-1's Envoy, served by cp-1;
 "rerouted" = batch/v1 jobs through cp-1's Envoy, served by cp-2 (through cp-2's peer listener).
 
@@ -30,12 +30,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from kpp import harness, render
+from kpp.kubeadm_node import (APISERVER_PORT, OVERRIDES, PEER_PORT, SNI, TOKEN_GROUP, TOKEN_USER, KubeadmCluster,
+                              kubeconfig_credentials, mint_cert, request, write_kubeconfig)
 
-import harness  # noqa: E402
-import render  # noqa: E402
-from kubeadm_node import (APISERVER_PORT, OVERRIDES, PEER_PORT, SNI, TOKEN_GROUP, TOKEN_USER,  # noqa: E402
-                          KubeadmCluster, kubeconfig_credentials, mint_cert, request, write_kubeconfig)
+ROOT = Path(__file__).resolve().parents[2]
 
 PATHS = {
     # kind: (served by, list path, a path the spoofing clients have no right to, resource, kubectl name)

@@ -20,9 +20,9 @@ import time
 
 import pytest
 
-import harness
-from cluster import DEFAULT_VERSION, ControlPlane
-from envoyfront import Front
+from kpp import harness
+from kpp.cluster import DEFAULT_VERSION, ControlPlane
+from kpp.envoyfront import Front
 from k8senv import http
 
 JOBS = "/apis/batch/v1/namespaces/default/jobs"

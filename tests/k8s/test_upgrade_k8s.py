@@ -1,4 +1,4 @@
-"""The short version of `make upgrade-k8s` (scripts/k8s/upgrade_k8s.py --short): real etcd, three
+"""The short version of `make upgrade-k8s` (`python -m kpp.upgrade_k8s --short`): real etcd, three
 kubeadm nodes upgraded kube-apiserver v1.35.4 -> v1.36.3, then kube-controller-manager v1.36.3
 (garbage collector + namespace controller) on cp-1's own endpoint while cp-1 is rolled back to
 v1.35.4. The same schedule runs without the filter (control: plain TLS passthrough Envoys) and with it.
@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-import upgrade_k8s  # (found through the venv's kube-peer-proxy-tooling.pth, like the other harnesses)
-from cluster import CACHE
+from kpp import upgrade_k8s
+from kpp.cluster import CACHE
 
 NEEDED = [CACHE / "k8s" / upgrade_k8s.OLD / "kube-apiserver", CACHE / "k8s" / upgrade_k8s.NEW / "kube-apiserver",
           CACHE / "k8s" / upgrade_k8s.NEW / "kube-controller-manager", CACHE / "k8s" / upgrade_k8s.NEW / "kubeadm"]

@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """Rolling-upgrade simulation: zero false 404s, measured.
 
-    python tests/sim/upgrade_sim.py --duration 90 --mode both      # make upgrade-sim
+    .venv/bin/python -m kpp.sim.upgrade_sim --duration 90 --mode both      # make upgrade-sim
 
 Topology per mode (everything on 127.0.0.1):
 
@@ -44,15 +43,11 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-import harness  # noqa: E402  (modules found through the venv's kube-peer-proxy-tooling.pth)
-import render  # noqa: E402
-from fake_apiserver import Cluster, builtin_apiset  # noqa: E402
-from fake_apiserver.store import NotFound  # noqa: E402
-
-from sim import classify, gvrs  # noqa: E402
-from sim.lb import FrontLB  # noqa: E402
+from kpp import harness, render
+from kpp.fake_apiserver import Cluster, builtin_apiset
+from kpp.fake_apiserver.store import NotFound
+from kpp.sim import classify, gvrs
+from kpp.sim.lb import FrontLB
 
 NODES = ("a", "b", "c")
 # Discovery settings of the filter (the same as the e2e tests'): a round every 500 ms.
@@ -204,7 +199,7 @@ def run_mode(mode: str, duration: float, seed: int, workdir: Path, *, registry=N
         cfg = {"port": lb.listen_port, "duration": duration, "rate": rate, "workers": workers,
                "watchers_per_class": watchers_per_class, "seed": seed, "run": f"{mode}{seed}",
                "gvrs": gvrs.table()}
-        loadgen = subprocess.Popen([sys.executable, str(Path(__file__).with_name("loadgen.py")),
+        loadgen = subprocess.Popen([sys.executable, "-m", "kpp.sim.loadgen",
                                     "--config", json.dumps(cfg), "--out", str(out)],
                                    stdout=subprocess.PIPE, text=True)
         line = loadgen.stdout.readline()

@@ -1,10 +1,9 @@
-#!/usr/bin/env python3
 """kubeadm control-plane nodes on loopback, each with kube-peer-proxy's Envoy in front (KEP-4020
-drop-in, `envoy/render.py` `render_kubeadm`).
+drop-in, `kpp.render.render_kubeadm`).
 
 Used by tests/k8s/test_kubeadm.py (imported) and by hand:
 
-    .venv/bin/python scripts/k8s/kubeadm_node.py up --dir /tmp/kpp-kubeadm     # cp-1 minus batch/v1, cp-2
+    .venv/bin/python -m kpp.kubeadm_node up --dir /tmp/kpp-kubeadm     # cp-1 minus batch/v1, cp-2
 
 What is real and what is simulated:
 
@@ -51,14 +50,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
+from kpp import harness, render
+from kpp.cluster import AUDIT_POLICY, CACHE, DEFAULT_VERSION, ETCD_VERSION, Proc, binary, free_port, wait_for
 
-import harness  # noqa: E402  (modules found through the venv's kube-peer-proxy-tooling.pth)
-import render  # noqa: E402
-
-from cluster import (AUDIT_POLICY, CACHE, DEFAULT_VERSION, ETCD_VERSION, Proc, binary,  # noqa: E402
-                     free_port, wait_for)
+ROOT = harness.ROOT
 
 APISERVER_PORT = 6443   # the apiserver's port on its node-local address (and Envoy's client port)
 PEER_PORT = 6444        # Envoy's peer listener

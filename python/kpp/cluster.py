@@ -1,12 +1,11 @@
-#!/usr/bin/env python3
 """A real control plane on loopback: one etcd, N kube-apiservers, a test aggregated API backend.
 
 Used by tests/k8s (imported) and by hand:
 
-    python3 scripts/k8s/cluster.py up --dir /tmp/kpp-cp                 # a: v1.36.3 minus batch/v1 and
+    .venv/bin/python -m kpp.cluster up --dir /tmp/kpp-cp                # a: v1.36.3 minus batch/v1 and
                                                                         # autoscaling/v2, b: v1.36.3 full
-    python3 scripts/k8s/cluster.py up --dir /tmp/kpp-cp --mvp           # same, with the built-in MVP on
-    python3 scripts/k8s/cluster.py up --server a=v1.35.4 --server b=v1.36.3
+    .venv/bin/python -m kpp.cluster up --dir /tmp/kpp-cp --mvp          # same, with the built-in MVP on
+    .venv/bin/python -m kpp.cluster up --server a=v1.35.4 --server b=v1.36.3
 
 Binaries come from the cache that scripts/k8s/build.sh fills ($KPP_K8S_CACHE, default
 ~/.cache/kube-peer-proxy). Every kube-apiserver runs in its own UTS namespace (`unshare --uts`)
@@ -39,8 +38,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("KPP_K8S_CACHE", str(Path.home() / ".cache" / "kube-peer-proxy")))
 DEFAULT_VERSION = "v1.36.3"
 SKEW_OLD_VERSION = "v1.35.4"
@@ -160,7 +158,7 @@ class Proc:
 
 
 def make_certs(d: Path) -> Path:
-    subprocess.run(["bash", str(HERE / "certs.sh"), str(d)], check=True)
+    subprocess.run(["bash", str(ROOT / "scripts" / "k8s" / "certs.sh"), str(d)], check=True)
     return d
 
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Renders the Envoy bootstrap for one apiserver and its peers (stdlib only).
 
 One Envoy sits in front of each apiserver. It has a `local` cluster (its own apiserver) and one
@@ -6,10 +5,13 @@ One Envoy sits in front of each apiserver. It has a `local` cluster (its own api
 forwarded request is never forwarded again. The same .wasm runs twice with the same vm_id: as the
 singleton discovery service (bootstrap extension) and as the HTTP filter.
 
-    python3 envoy/render.py --node a --listen 18441 --admin 19441 \
+    python3 -m kpp.render --node a --listen 18441 --admin 19441 \
         --local 127.0.0.1:16441 --peer b=127.0.0.1:16442 --peer c=127.0.0.1:16443 \
         --wasm target/wasm32-wasip1/release/kube_peer_proxy.wasm > a.yaml
-    python3 envoy/render.py --demo envoy/demo     # regenerate the committed demo bootstraps
+    python3 -m kpp.render --demo envoy/demo     # regenerate the committed demo bootstraps (make envoy-configs)
+
+python/ must be on the path: the venv has it (scripts/setup.sh), elsewhere run from the repository root
+with PYTHONPATH=python.
 """
 import argparse
 import json
@@ -394,7 +396,8 @@ def main(argv=None):
         return
     if "--kubeadm" in argv:
         return _main_kubeadm(argv)
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m kpp.render", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--node", required=True)
     p.add_argument("--listen", type=int, required=True)
     p.add_argument("--admin", type=int, required=True)
@@ -421,7 +424,7 @@ def main(argv=None):
 
 def _main_kubeadm(argv):
     """`--kubeadm PKI_DIR`: the bootstrap of one kubeadm control-plane node (docs/deploy.md)."""
-    p = argparse.ArgumentParser(prog="render.py --kubeadm")
+    p = argparse.ArgumentParser(prog="python -m kpp.render --kubeadm")
     p.add_argument("--kubeadm", required=True, metavar="PKI_DIR", help="kubeadm PKI directory (/etc/kubernetes/pki)")
     p.add_argument("--node", required=True, help="this node's name (metrics, logs)")
     p.add_argument("--node-ip", required=True, help="the node's address: Envoy takes :6443 and :6444 there")

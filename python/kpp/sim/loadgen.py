@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Load generator of the upgrade simulation (stdlib only).
 
 Runs as its own process, so its interpreter lock does not compete with the fake apiservers that live
@@ -7,10 +6,10 @@ keep-alive HTTP/1.1 connection to the front load balancer, run create â†’ get â†
 a random GVR of a random class, paced so that all workers together send `--rate` requests per second;
 watcher threads hold long watches (re-established from the last resourceVersion when a stream ends).
 
-    python tests/sim/loadgen.py --config '<json>' --out results.json
+    .venv/bin/python -m kpp.sim.loadgen --config '<json>' --out results.json
 
 Config: {"port", "duration", "rate", "workers", "watchers_per_class", "seed", "run", "gvrs": [...]}
-(gvrs as sim.gvrs.table()). Prints `START <monotonic time>` once all threads are about to begin; writes
+(gvrs as kpp.sim.gvrs.table()). Prints `START <monotonic time>` once all threads are about to begin; writes
 every request's record to --out at the end. Times are time.monotonic(), which is one clock for all
 processes on the machine, so the orchestrator can lay them over its upgrade timeline.
 

@@ -1,6 +1,6 @@
 """Envoy + the kube-peer-proxy filter in front of real kube-apiservers (tests/k8s and compare.py).
 
-The bootstrap comes from envoy/render.py (`upstream_tls_sni="kubernetes.default.svc"` and
+The bootstrap comes from kpp.render (`upstream_tls_sni="kubernetes.default.svc"` and
 `upstream_ca`: upstream TLS verified with the cluster CA and that SAN, what the built-in MVP checks
 too; discovery fetched with the static `kpp-discovery` token through the plugin's
 `discovery_headers`). Two additions are made here, on the rendered JSON:
@@ -11,7 +11,7 @@ too; discovery fetched with the static `kpp-discovery` token through the plugin'
 * an access log (JSON lines) with the upstream cluster and the request headers *after* the filter
   ran, which is how a test sees that a rerouted request carried `x-kubernetes-peer-proxied: true`.
 
-Envoy itself is launched only through tests/e2e/harness.py (func-e).
+Envoy itself is launched only through kpp.harness (func-e).
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ import json
 import sys
 from pathlib import Path
 
-import harness
-import render
-from cluster import SNI, APIServer, ControlPlane
+from kpp import harness, render
+from kpp.cluster import SNI, APIServer, ControlPlane
 
 # One discovery round per second; a server silent for 10 s stops being a routing target.
 K8S_PLUGIN = {"refresh_interval": "1s", "fetch_timeout": "3s", "staleness_limit": "10s"}

@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """What false 404s do to real controllers during a real kube-apiserver upgrade (`make upgrade-k8s`).
 
-Real binaries: etcd v3.6.8, three kubeadm control-plane "nodes" (scripts/k8s/kubeadm_node.py: kubeadm
+Real binaries: etcd v3.6.8, three kubeadm control-plane "nodes" (kpp.kubeadm_node: kubeadm
 v1.36.3 PKI, kubeconfigs and apiserver flags, node IP 127.0.0.1<i>, Envoy on <node-ip>:6443, the
 apiserver on 127.0.1.1<i>:6443) starting at kube-apiserver v1.35.4, and kube-controller-manager
 v1.36.3 running only the garbage collector and the namespace controller.
@@ -10,7 +9,7 @@ Two runs on the same schedule:
 
 * control: each node's Envoy is a plain TLS passthrough (tcp_proxy) to its apiserver -- a cluster
   without kube-peer-proxy; client certificates reach the apiserver end to end;
-* filter: each node's Envoy is envoy/render.py `render_kubeadm` (the kube-peer-proxy filter).
+* filter: each node's Envoy is kpp.render's `render_kubeadm` (the kube-peer-proxy filter).
 
 In-cluster clients reach the apiservers as through the `kubernetes` Service: an Envoy tcp_proxy on
 127.0.0.10:6443, round robin over the three nodes' 6443 listeners (TLS passthrough). Every apiserver
@@ -37,7 +36,7 @@ Evidence: the apiservers' audit logs (per node, Metadata level), the Envoys' acc
 controller-manager's log, the workload's own responses, and the end state (which dependents are gone
 although their owner exists).
 
-    .venv/bin/python scripts/k8s/upgrade_k8s.py [--runs control,filter] [--short] [--plot docs/upgrade-k8s.png]
+    .venv/bin/python -m kpp.upgrade_k8s [--runs control,filter] [--short] [--plot docs/upgrade-k8s.png]
 """
 
 from __future__ import annotations
@@ -52,10 +51,10 @@ import uuid
 from datetime import datetime
 from pathlib import Path
 
-import harness  # noqa: E402  (modules found through the venv's kube-peer-proxy-tooling.pth)
-from cluster import CACHE, Proc, free_port, wait_for  # noqa: E402
-from kubeadm_node import (APISERVER_PORT, SNI, KubeadmCluster, KubeadmNode, kubeconfig_credentials,  # noqa: E402
-                          request, write_kubeconfig)
+from kpp import harness
+from kpp.cluster import CACHE, Proc, free_port, wait_for
+from kpp.kubeadm_node import (APISERVER_PORT, SNI, KubeadmCluster, KubeadmNode, kubeconfig_credentials, request,
+                              write_kubeconfig)
 
 OLD, NEW = "v1.35.4", "v1.36.3"
 KUBEADM_VERSION = NEW

@@ -7,9 +7,8 @@ import json
 import urllib.error
 import urllib.request
 
-import harness
-import render
-from fake_apiserver import Cluster
+from kpp import harness, render
+from kpp.fake_apiserver import Cluster
 
 V2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 NOPEER = V2 + ";profile=nopeer"
