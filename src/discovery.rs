@@ -200,11 +200,48 @@ pub fn is_aggregated_content_type(content_type: &str) -> bool {
 
 /// Parses an aggregated discovery list (v2 or v2beta1).
 pub fn parse_aggregated(body: &[u8]) -> Result<GroupDiscoveryList, ParseError> {
-    let list: GroupDiscoveryList = serde_json::from_slice(body).map_err(|e| ParseError::Json(e.to_string()))?;
+    let mut list: GroupDiscoveryList = serde_json::from_slice(body).map_err(|e| ParseError::Json(e.to_string()))?;
     if list.kind != "APIGroupDiscoveryList" {
         return Err(ParseError::WrongKind(list.kind));
     }
+    shrink(&mut list.items);
     Ok(list)
+}
+
+/// Gives back the spare capacity serde's growth left in every list of a parsed document: the
+/// parser cannot know a list's length in advance, and a one-element list (a resource's single
+/// `status` subresource) gets room for four. The discovery service keeps every member's document
+/// for as long as the member exists, so this is most of what a large document costs to hold.
+pub fn shrink(groups: &mut Vec<GroupDiscovery>) {
+    fn gvk(k: &mut Gvk) {
+        k.group.shrink_to_fit();
+        k.version.shrink_to_fit();
+        k.kind.shrink_to_fit();
+    }
+    fn strings(v: &mut Vec<String>) {
+        v.iter_mut().for_each(String::shrink_to_fit);
+        v.shrink_to_fit();
+    }
+    for g in groups.iter_mut() {
+        for v in g.versions.iter_mut() {
+            for r in v.resources.iter_mut() {
+                strings(&mut r.verbs);
+                strings(&mut r.short_names);
+                strings(&mut r.categories);
+                r.response_kind.iter_mut().for_each(gvk);
+                for sr in r.subresources.iter_mut() {
+                    strings(&mut sr.verbs);
+                    sr.response_kind.iter_mut().for_each(gvk);
+                    sr.accepted_types.iter_mut().for_each(gvk);
+                    sr.accepted_types.shrink_to_fit();
+                }
+                r.subresources.shrink_to_fit();
+            }
+            v.resources.shrink_to_fit();
+        }
+        g.versions.shrink_to_fit();
+    }
+    groups.shrink_to_fit();
 }
 
 pub fn parse_api_versions(body: &[u8]) -> Result<ApiVersions, ParseError> {
@@ -291,28 +328,100 @@ pub fn version_from_legacy(version: &str, list: &ApiResourceList) -> VersionDisc
     }
 }
 
-/// Serializes a list as an apiserver would send it (`kind`/`apiVersion` set to v2).
-pub fn to_v2_json(items: &[GroupDiscovery]) -> Vec<u8> {
+/// Serializes a list as an apiserver would send it (`kind`/`apiVersion` set to v2): owned groups or
+/// merged views ([`crate::merge::MergedGroup`]).
+pub fn to_v2_json<T: Serialize>(items: &[T]) -> Vec<u8> {
+    to_v2_json_with_room(items, 0)
+}
+
+/// [`to_v2_json`] into a buffer sized exactly (measured by a first, counting pass) plus `room`
+/// spare bytes, so a large document is not left in a buffer grown by doubling (up to twice its
+/// size) and a tag can be added without copying it (see [`crate::snapshot::tag_in_place`]).
+pub fn to_v2_json_with_room<T: Serialize>(items: &[T], room: usize) -> Vec<u8> {
     #[derive(Serialize)]
-    struct Out<'a> {
+    struct Out<'a, T> {
         kind: &'static str,
         #[serde(rename = "apiVersion")]
         api_version: &'static str,
         metadata: Empty,
-        items: &'a [GroupDiscovery],
+        items: &'a [T],
     }
-    serde_json::to_vec(&Out {
+    let out = Out {
         kind: "APIGroupDiscoveryList",
         api_version: "apidiscovery.k8s.io/v2",
         metadata: Empty {},
         items,
-    })
-    .unwrap_or_default()
+    };
+    to_vec_exact(&out, room)
+}
+
+/// Bytes a serialization would write, counted without keeping them.
+struct Count(usize);
+
+impl std::io::Write for Count {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// JSON of `value` in a buffer of exactly its size plus `room` (a counting pass first).
+pub(crate) fn to_vec_exact<T: Serialize>(value: &T, room: usize) -> Vec<u8> {
+    // One writer type for both passes: the serializer is instantiated once per value type.
+    fn write<T: Serialize>(w: &mut dyn std::io::Write, value: &T) -> bool {
+        serde_json::to_writer(w, value).is_ok()
+    }
+    let mut count = Count(0);
+    if !write(&mut count, value) {
+        return Vec::new();
+    }
+    let mut out = Vec::with_capacity(count.0.saturating_add(room));
+    if !write(&mut out, value) {
+        return Vec::new();
+    }
+    out
+}
+
+/// One group of the legacy list: its name and versions in preference order, stale ones removed.
+pub struct LegacyGroup<'a> {
+    pub name: &'a str,
+    pub versions: Vec<&'a str>,
+}
+
+impl<'a> From<&'a GroupDiscovery> for LegacyGroup<'a> {
+    fn from(g: &'a GroupDiscovery) -> LegacyGroup<'a> {
+        LegacyGroup {
+            name: &g.metadata.name,
+            versions: g
+                .versions
+                .iter()
+                .filter(|v| !v.is_stale())
+                .map(|v| v.version.as_str())
+                .collect(),
+        }
+    }
+}
+
+impl<'a> From<&crate::merge::MergedGroup<'a>> for LegacyGroup<'a> {
+    fn from(g: &crate::merge::MergedGroup<'a>) -> LegacyGroup<'a> {
+        LegacyGroup {
+            name: &g.metadata.name,
+            versions: g.versions.iter().filter(|v| !v.is_stale()).map(|v| v.version).collect(),
+        }
+    }
 }
 
 /// The legacy `APIGroupList` (`GET /apis` with plain JSON) equivalent of an aggregated group list:
 /// non-stale versions in preference order, the first one preferred (client-go's mapping).
 pub fn to_legacy_group_list_json(items: &[GroupDiscovery]) -> Vec<u8> {
+    legacy_group_list_json(items.iter().map(LegacyGroup::from).collect(), 0)
+}
+
+/// [`to_legacy_group_list_json`] of groups already reduced to [`LegacyGroup`]s, with `room` spare.
+pub fn legacy_group_list_json(items: Vec<LegacyGroup>, room: usize) -> Vec<u8> {
     #[derive(Serialize)]
     struct Gv<'a> {
         #[serde(rename = "groupVersion")]
@@ -341,26 +450,22 @@ pub fn to_legacy_group_list_json(items: &[GroupDiscovery]) -> Vec<u8> {
     }
     let groups = items
         .iter()
-        .filter(|g| !g.metadata.name.is_empty())
+        .filter(|g| !g.name.is_empty())
         .filter_map(|g| {
-            let versions: Vec<&str> = g
-                .versions
-                .iter()
-                .filter(|v| !v.is_stale())
-                .map(|v| v.version.as_str())
-                .collect();
-            let first = *versions.first()?;
+            let first = *g.versions.first()?;
             Some(Group {
-                name: &g.metadata.name,
-                versions: versions.iter().map(|v| gv(&g.metadata.name, v)).collect(),
-                preferred_version: gv(&g.metadata.name, first),
+                name: g.name,
+                versions: g.versions.iter().map(|v| gv(g.name, v)).collect(),
+                preferred_version: gv(g.name, first),
             })
         })
         .collect();
-    serde_json::to_vec(&List {
-        kind: "APIGroupList",
-        api_version: "v1",
-        groups,
-    })
-    .unwrap_or_default()
+    to_vec_exact(
+        &List {
+            kind: "APIGroupList",
+            api_version: "v1",
+            groups,
+        },
+        room,
+    )
 }

@@ -11,6 +11,7 @@
 //! are learned separately, so a partial answer counts for what it did answer.
 
 use std::collections::HashMap;
+use std::rc::Rc;
 
 use crate::config::{Config, LeaseDiscovery};
 use crate::discovery::{self, GroupDiscovery, GroupMeta, VersionDiscovery};
@@ -164,8 +165,10 @@ struct Work {
 /// One part of a server's API set as last learned.
 #[derive(Debug, Default, Clone)]
 struct Part {
-    /// `None` until learned once; then kept however old it gets.
-    docs: Option<Vec<GroupDiscovery>>,
+    /// `None` until learned once; then kept however old it gets. Shared (not copied) between
+    /// servers that sent equal documents: during an upgrade most servers run the same version, and
+    /// a large parsed document is the biggest thing the discovery service holds.
+    docs: Option<Rc<Vec<GroupDiscovery>>>,
     /// Group/versions listed by a legacy walk whose resources were never learned.
     unknown: Vec<(String, String)>,
     last_ms: Option<u64>,
@@ -471,7 +474,10 @@ impl Syncer {
                     s.refetch = false;
                     self.start_server(si, &mut step);
                 } else if s.work.pending == 0 {
-                    self.dirty |= finish_server(s, now_ms);
+                    let shared = self.shared_docs(si);
+                    if let Some(s) = self.servers.get_mut(si) {
+                        self.dirty |= finish_server(s, now_ms, &shared);
+                    }
                 }
             }
         }
@@ -651,6 +657,18 @@ impl Syncer {
         }
     }
 
+    /// The documents the other servers hold, to share an equal one (see [`Part::docs`]).
+    fn shared_docs(&self, si: usize) -> Vec<Rc<Vec<GroupDiscovery>>> {
+        self.servers
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != si)
+            .flat_map(|(_, o)| [&o.core.docs, &o.groups.docs])
+            .flatten()
+            .cloned()
+            .collect()
+    }
+
     fn absorb(&mut self, si: usize, purpose: Purpose, doc: Doc, step: &mut Step) {
         let mut follow: Vec<(String, Purpose)> = Vec::new();
         let Some(s) = self.servers.get_mut(si) else { return };
@@ -747,8 +765,8 @@ impl Syncer {
             .zip(&unknown)
             .map(|(s, unknown)| Member {
                 server: s.reference.clone(),
-                core: s.core.docs.as_deref(),
-                groups: s.groups.docs.as_deref(),
+                core: s.core.docs.as_deref().map(Vec::as_slice),
+                groups: s.groups.docs.as_deref().map(Vec::as_slice),
                 unknown_versions: unknown,
                 fresh_core: s.core.fresh(now_ms, staleness),
                 fresh_groups: s.groups.fresh(now_ms, staleness),
@@ -778,7 +796,15 @@ fn ordered(servers: &[Server]) -> Vec<&Server> {
 }
 
 /// Ends a server's part of a round. Returns whether what the snapshot is built from changed.
-fn finish_server(s: &mut Server, now_ms: u64) -> bool {
+fn finish_server(s: &mut Server, now_ms: u64, shared: &[Rc<Vec<GroupDiscovery>>]) -> bool {
+    // An equal document another server already holds is shared instead of kept twice.
+    let share = |docs: Vec<GroupDiscovery>| -> Rc<Vec<GroupDiscovery>> {
+        shared
+            .iter()
+            .find(|d| ***d == docs)
+            .cloned()
+            .unwrap_or_else(|| Rc::new(docs))
+    };
     let w = std::mem::take(&mut s.work);
     let mut changed = s.reachable == w.unreachable;
     s.reachable = !w.unreachable;
@@ -795,16 +821,16 @@ fn finish_server(s: &mut Server, now_ms: u64) -> bool {
                 }
             }
             PartWork::Docs(docs) => {
-                changed |= part.docs.as_ref() != Some(&docs) || !part.unknown.is_empty();
-                part.docs = Some(docs);
+                changed |= part.docs.as_deref() != Some(&docs) || !part.unknown.is_empty();
+                part.docs = Some(share(docs));
                 part.unknown.clear();
                 part.last_ms = Some(now_ms);
             }
             PartWork::Legacy(walk) => {
-                let (docs, unknown) = assemble_legacy(walk, part.docs.as_deref());
+                let (docs, unknown) = assemble_legacy(walk, part.docs.as_deref().map(Vec::as_slice));
                 // A fresh document may still say what we had (legacy servers have no ETags).
-                changed |= part.docs.as_ref() != Some(&docs) || part.unknown != unknown;
-                part.docs = Some(docs);
+                changed |= part.docs.as_deref() != Some(&docs) || part.unknown != unknown;
+                part.docs = Some(share(docs));
                 part.unknown = unknown;
                 part.last_ms = Some(now_ms);
             }

@@ -3,14 +3,78 @@
 //! servers in name order, the local one not privileged, so every node builds the same bytes.
 //! Deliberate differences from upstream are listed on [`merge_version`] and in the README.
 
+use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 
-use crate::discovery::{GroupDiscovery, ResourceDiscovery, VersionDiscovery};
+use serde::Serialize;
 
-/// Merges group lists given in precedence order (servers sorted by name).
+use crate::discovery::{GroupDiscovery, GroupMeta, ResourceDiscovery, SubresourceDiscovery, VersionDiscovery};
+
+/// A merged group that borrows from the servers' documents: only a resource that two servers
+/// describe differently is copied (see [`merge_resource`]), so merging large documents does not
+/// copy them. Serializes exactly as [`GroupDiscovery`] does.
+#[derive(Debug, Clone, Serialize)]
+pub struct MergedGroup<'a> {
+    pub metadata: &'a GroupMeta,
+    pub versions: Vec<MergedVersion<'a>>,
+}
+
+/// Serializes exactly as [`VersionDiscovery`] does (same field order and omitempty rules).
+#[derive(Debug, Clone, Serialize)]
+pub struct MergedVersion<'a> {
+    pub version: &'a str,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<Cow<'a, ResourceDiscovery>>,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub freshness: &'a str,
+}
+
+impl MergedVersion<'_> {
+    pub fn is_stale(&self) -> bool {
+        self.freshness == "Stale"
+    }
+}
+
+impl<'a> MergedVersion<'a> {
+    fn of(v: &'a VersionDiscovery) -> MergedVersion<'a> {
+        MergedVersion {
+            version: &v.version,
+            resources: v.resources.iter().map(Cow::Borrowed).collect(),
+            freshness: &v.freshness,
+        }
+    }
+}
+
+impl MergedGroup<'_> {
+    /// An owned copy (tests and tools; the discovery service serializes the view itself).
+    pub fn to_owned_group(&self) -> GroupDiscovery {
+        GroupDiscovery {
+            metadata: self.metadata.clone(),
+            versions: self
+                .versions
+                .iter()
+                .map(|v| VersionDiscovery {
+                    version: v.version.to_string(),
+                    resources: v.resources.iter().map(|r| r.clone().into_owned()).collect(),
+                    freshness: v.freshness.to_string(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Merges group lists given in precedence order (servers sorted by name), as owned documents.
 pub fn merge_groups(servers: &[&[GroupDiscovery]]) -> Vec<GroupDiscovery> {
-    let mut merged: HashMap<&str, GroupDiscovery> = HashMap::new();
+    merge_group_views(servers)
+        .iter()
+        .map(MergedGroup::to_owned_group)
+        .collect()
+}
+
+/// Merges group lists given in precedence order (servers sorted by name), borrowing from them.
+pub fn merge_group_views<'a>(servers: &[&'a [GroupDiscovery]]) -> Vec<MergedGroup<'a>> {
+    let mut merged: HashMap<&str, MergedGroup<'a>> = HashMap::new();
     let mut orders: Vec<Vec<&str>> = Vec::new();
     for groups in servers {
         let mut order = Vec::new();
@@ -20,7 +84,13 @@ pub fn merge_groups(servers: &[&[GroupDiscovery]]) -> Vec<GroupDiscovery> {
             match merged.get_mut(name) {
                 Some(existing) => merge_group(existing, g),
                 None => {
-                    merged.insert(name, g.clone());
+                    merged.insert(
+                        name,
+                        MergedGroup {
+                            metadata: &g.metadata,
+                            versions: g.versions.iter().map(MergedVersion::of).collect(),
+                        },
+                    );
                 }
             }
         }
@@ -32,40 +102,43 @@ pub fn merge_groups(servers: &[&[GroupDiscovery]]) -> Vec<GroupDiscovery> {
         .collect()
 }
 
-fn merge_group(a: &mut GroupDiscovery, b: &GroupDiscovery) {
-    let a_order: Vec<String> = a.versions.iter().map(|v| v.version.clone()).collect();
-    let b_order: Vec<String> = b.versions.iter().map(|v| v.version.clone()).collect();
+fn merge_group<'a>(a: &mut MergedGroup<'a>, b: &'a GroupDiscovery) {
+    let a_order: Vec<&str> = a.versions.iter().map(|v| v.version).collect();
+    let b_order: Vec<&str> = b.versions.iter().map(|v| v.version.as_str()).collect();
     for bv in &b.versions {
         match a.versions.iter_mut().find(|v| v.version == bv.version) {
             Some(av) => merge_version(av, bv),
-            None => a.versions.push(bv.clone()),
+            None => a.versions.push(MergedVersion::of(bv)),
         }
     }
     if a_order != b_order {
-        let order = merge_preserving_relative_order(&[borrow(&a_order), borrow(&b_order)]);
-        reorder(&mut a.versions, &order, |v| v.version.as_str());
+        let order = merge_preserving_relative_order(&[a_order, b_order]);
+        let order: Vec<String> = order.into_iter().map(str::to_string).collect();
+        reorder(&mut a.versions, &borrow(&order), |v| v.version);
     }
 }
 
 /// Differs from upstream on purpose: a version one server serves currently stays current in the
 /// merge even if an earlier server reports it Stale (upstream keeps the first server's freshness,
 /// which hides a version from clients while a newer server already serves it).
-fn merge_version(a: &mut VersionDiscovery, b: &VersionDiscovery) {
+fn merge_version<'a>(a: &mut MergedVersion<'a>, b: &'a VersionDiscovery) {
     if a.is_stale() && !b.is_stale() {
-        a.freshness = b.freshness.clone();
+        a.freshness = &b.freshness;
     }
     let a_order: Vec<String> = a.resources.iter().map(|r| r.resource.clone()).collect();
-    let b_order: Vec<String> = b.resources.iter().map(|r| r.resource.clone()).collect();
+    let b_order: Vec<&str> = b.resources.iter().map(|r| r.resource.as_str()).collect();
     for br in &b.resources {
         match a.resources.iter_mut().find(|r| r.resource == br.resource) {
-            Some(ar) if ar == br => {}
-            Some(ar) => merge_resource(ar, br),
-            None => a.resources.push(br.clone()),
+            Some(ar) if **ar == *br => {}
+            Some(ar) => merge_resource(ar.to_mut(), br),
+            None => a.resources.push(Cow::Borrowed(br)),
         }
     }
+    let a_order = borrow(&a_order);
     if a_order != b_order {
-        let order = merge_preserving_relative_order(&[borrow(&a_order), borrow(&b_order)]);
-        reorder(&mut a.resources, &order, |r| r.resource.as_str());
+        let order = merge_preserving_relative_order(&[a_order, b_order]);
+        let order: Vec<String> = order.into_iter().map(str::to_string).collect();
+        reorder(&mut a.resources, &borrow(&order), |r| r.resource.as_str());
     }
 }
 
@@ -74,7 +147,7 @@ fn merge_version(a: &mut VersionDiscovery, b: &VersionDiscovery) {
 fn merge_resource(a: &mut ResourceDiscovery, b: &ResourceDiscovery) {
     let verbs: BTreeSet<String> = a.verbs.iter().chain(b.verbs.iter()).cloned().collect();
     a.verbs = verbs.into_iter().collect();
-    let mut subs: BTreeMap<String, crate::discovery::SubresourceDiscovery> = BTreeMap::new();
+    let mut subs: BTreeMap<String, SubresourceDiscovery> = BTreeMap::new();
     for s in b.subresources.iter().chain(a.subresources.iter()) {
         subs.insert(s.subresource.clone(), s.clone());
     }

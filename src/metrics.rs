@@ -29,3 +29,53 @@ pub fn name(base: &str, labels: &[(&str, &str)]) -> String {
     }
     out
 }
+
+/// Whether `encoded` is exactly [`name`]`(base, labels)`, compared without building that string,
+/// so a cached metric id is found per request without formatting its name.
+pub fn is_name(encoded: &str, base: &str, labels: &[(&str, &str)]) -> bool {
+    let Some(mut rest) = encoded.strip_prefix(base) else {
+        return false;
+    };
+    for (k, v) in labels {
+        let Some(r) = rest
+            .strip_prefix(';')
+            .and_then(|r| r.strip_prefix(k))
+            .and_then(|r| r.strip_prefix('='))
+        else {
+            return false;
+        };
+        let mut chars = r.chars();
+        for c in v.chars() {
+            let c = if c == ';' || c == '=' || c.is_control() { '_' } else { c };
+            if chars.next() != Some(c) {
+                return false;
+            }
+        }
+        rest = chars.as_str();
+    }
+    rest.is_empty()
+}
+
+/// A hash of [`name`]`(base, labels)` computed from the parts (FNV-1a 64 over the same bytes), the
+/// key of the per-VM metric id cache.
+pub fn name_hash(base: &str, labels: &[(&str, &str)]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for b in bytes {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    eat(base.as_bytes());
+    for (k, v) in labels {
+        eat(b";");
+        eat(k.as_bytes());
+        eat(b"=");
+        let mut buf = [0u8; 4];
+        for c in v.chars() {
+            let c = if c == ';' || c == '=' || c.is_control() { '_' } else { c };
+            eat(c.encode_utf8(&mut buf).as_bytes());
+        }
+    }
+    h
+}

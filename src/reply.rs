@@ -56,6 +56,13 @@ pub enum Upstream {
     EnvoyReply,
 }
 
+/// Whether an answer with this `:status` can be one Envoy made itself for a rerouted request
+/// (connect failure, timeout, reset, overflow: all 5xx). Below 500 the peer answered, and the
+/// filter skips reading `response.code_details` (a property read is one of the dearer host calls).
+pub fn maybe_envoy_reply(status: &str) -> bool {
+    status.parse::<u16>().map_or(true, |s| s >= 500)
+}
+
 pub fn upstream(code_details: &str) -> Upstream {
     if code_details.contains("connection_failure") {
         Upstream::ConnectFailure

@@ -265,22 +265,25 @@ impl Table {
             api_etag: &'a str,
             apis_legacy_etag: &'a str,
         }
-        serde_json::to_vec(&Enc {
-            generation: self.generation,
-            built_ms: self.built_ms,
-            servers: &self.servers,
-            keys: self.keys.iter().map(|(k, v)| (k.as_str(), *v)).collect(),
-            known_core: self.known_core,
-            known_groups: self.known_groups,
-            fresh_core: self.fresh_core,
-            fresh_groups: self.fresh_groups,
-            unhealthy: self.unhealthy,
-            membership_unknown: self.membership_unknown,
-            apis_etag: &self.apis_etag,
-            api_etag: &self.api_etag,
-            apis_legacy_etag: &self.apis_legacy_etag,
-        })
-        .unwrap_or_default()
+        // Exact size: a large table is not left in a buffer grown by doubling.
+        crate::discovery::to_vec_exact(
+            &Enc {
+                generation: self.generation,
+                built_ms: self.built_ms,
+                servers: &self.servers,
+                keys: self.keys.iter().map(|(k, v)| (k.as_str(), *v)).collect(),
+                known_core: self.known_core,
+                known_groups: self.known_groups,
+                fresh_core: self.fresh_core,
+                fresh_groups: self.fresh_groups,
+                unhealthy: self.unhealthy,
+                membership_unknown: self.membership_unknown,
+                apis_etag: &self.apis_etag,
+                api_etag: &self.api_etag,
+                apis_legacy_etag: &self.apis_legacy_etag,
+            },
+            0,
+        )
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Table, String> {
@@ -305,10 +308,16 @@ impl Snapshot {
     pub fn build(members: &[Member], membership_unknown: bool) -> Snapshot {
         let apis: Vec<&[GroupDiscovery]> = members.iter().filter_map(|m| m.groups).collect();
         let api: Vec<&[GroupDiscovery]> = members.iter().filter_map(|m| m.core).collect();
-        let merged_groups = crate::merge::merge_groups(&apis);
-        let merged_apis = crate::discovery::to_v2_json(&merged_groups);
-        let merged_apis_legacy = crate::discovery::to_legacy_group_list_json(&merged_groups);
-        let merged_api = crate::discovery::to_v2_json(&crate::merge::merge_groups(&api));
+        // Merged views borrow the members' documents; each body is written into a buffer of its
+        // exact size with room for the generation tag (see [`tag_in_place`]).
+        let merged_groups = crate::merge::merge_group_views(&apis);
+        let merged_apis = crate::discovery::to_v2_json_with_room(&merged_groups, TAG_ROOM);
+        let merged_apis_legacy = crate::discovery::legacy_group_list_json(
+            merged_groups.iter().map(crate::discovery::LegacyGroup::from).collect(),
+            TAG_ROOM,
+        );
+        drop(merged_groups);
+        let merged_api = crate::discovery::to_v2_json_with_room(&crate::merge::merge_group_views(&api), TAG_ROOM);
         let mut table = Table::build_members(members);
         table.membership_unknown = membership_unknown;
         table.apis_etag = etag(&merged_apis);
@@ -324,14 +333,18 @@ impl Snapshot {
 }
 
 /// A merged document as stored in shared data: `<generation>\n<document>`, so a reader can tell
-/// that it belongs to the table it decoded without hashing megabytes.
-pub fn tag(generation: u64, document: &[u8]) -> Vec<u8> {
-    let mut out = format!("{generation}\n").into_bytes();
-    out.extend_from_slice(document);
-    out
+/// that it belongs to the table it decoded without hashing megabytes. Written without a second
+/// buffer: the document moves up inside its own allocation (which [`Snapshot::build`] sized with
+/// [`TAG_ROOM`] to spare), so publishing a large merged document never holds two copies of it.
+pub fn tag_in_place(generation: u64, document: &mut Vec<u8>) {
+    let prefix = format!("{generation}\n");
+    document.splice(0..0, prefix.bytes());
 }
 
-/// The document of a [`tag`]ged value if it belongs to `generation`.
+/// Bytes [`tag_in_place`] may add: a u64 in decimal and the newline.
+pub const TAG_ROOM: usize = 21;
+
+/// The document of a [`tag_in_place`]d value if it belongs to `generation`.
 pub fn untag(generation: u64, mut value: Vec<u8>) -> Option<Vec<u8>> {
     let newline = value.iter().position(|b| *b == b'\n')?;
     let prefix = std::str::from_utf8(value.get(..newline)?).ok()?;

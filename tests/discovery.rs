@@ -665,7 +665,7 @@ fn to_v2_json_field_order_and_omitempty() {
 
     // An empty list still has every list field.
     assert_eq!(
-        String::from_utf8(to_v2_json(&[])).expect("utf8"),
+        String::from_utf8(to_v2_json::<GroupDiscovery>(&[])).expect("utf8"),
         r#"{"kind":"APIGroupDiscoveryList","apiVersion":"apidiscovery.k8s.io/v2","metadata":{},"items":[]}"#
     );
 }

@@ -372,3 +372,40 @@ fn merge_is_deterministic() {
         to_v2_json(&merge_groups(&[old.as_slice(), new.as_slice(), old.as_slice()]))
     );
 }
+
+/// The discovery service serializes the borrowed merge (it copies only resources two servers
+/// describe differently); it must write the same bytes as the owned merge, in every order.
+#[test]
+fn borrowed_merge_writes_the_same_bytes_as_the_owned_merge() {
+    use kube_peer_proxy::discovery::{legacy_group_list_json, to_legacy_group_list_json, LegacyGroup};
+    use kube_peer_proxy::merge::merge_group_views;
+    use std::borrow::Cow;
+    let old = parse_aggregated(&fixture(AGG_133)).expect("1.33").items;
+    let new = parse_aggregated(&fixture(AGG_137)).expect("1.37").items;
+    for servers in [
+        vec![old.as_slice(), new.as_slice()],
+        vec![new.as_slice(), old.as_slice()],
+        vec![old.as_slice(), new.as_slice(), old.as_slice()],
+        vec![new.as_slice()],
+        vec![],
+    ] {
+        let owned = merge_groups(&servers);
+        let views = merge_group_views(&servers);
+        assert_eq!(to_v2_json(&views), to_v2_json(&owned));
+        assert_eq!(
+            legacy_group_list_json(views.iter().map(LegacyGroup::from).collect(), 0),
+            to_legacy_group_list_json(&owned)
+        );
+        if servers.len() == 2 {
+            // Both versions share most resources unchanged: those stay borrowed.
+            let copied = views
+                .iter()
+                .flat_map(|g| &g.versions)
+                .flat_map(|v| &v.resources)
+                .filter(|r| matches!(r, Cow::Owned(_)))
+                .count();
+            let all: usize = views.iter().flat_map(|g| &g.versions).map(|v| v.resources.len()).sum();
+            assert!(copied * 4 < all, "{copied} of {all} resources copied");
+        }
+    }
+}

@@ -98,3 +98,20 @@ fn discovery_call_outcomes() {
         Outcome::Response { status: 404, .. }
     ));
 }
+
+#[test]
+fn only_5xx_can_be_envoys_own_reply() {
+    use kube_peer_proxy::reply::maybe_envoy_reply;
+    for (status, maybe) in [
+        ("200", false),
+        ("404", false),
+        ("499", false),
+        ("500", true),
+        ("503", true),
+        ("504", true),
+        ("", true),
+        ("x", true),
+    ] {
+        assert_eq!(maybe_envoy_reply(status), maybe, "{status:?}");
+    }
+}

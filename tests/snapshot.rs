@@ -294,7 +294,12 @@ fn unhealthy_mask_roundtrips_and_defaults_to_zero() {
 
 #[test]
 fn tagged_documents_are_only_accepted_for_their_generation() {
-    use kube_peer_proxy::snapshot::{tag, untag};
+    use kube_peer_proxy::snapshot::{tag_in_place, untag};
+    let tag = |generation: u64, doc: &[u8]| {
+        let mut v = doc.to_vec();
+        tag_in_place(generation, &mut v);
+        v
+    };
     let doc = br#"{"kind":"APIGroupDiscoveryList","items":[]}"#;
     let stored = tag(42, doc);
     assert_eq!(untag(42, stored.clone()).as_deref(), Some(&doc[..]));
@@ -304,4 +309,22 @@ fn tagged_documents_are_only_accepted_for_their_generation() {
     assert_eq!(untag(42, b"x42\n{}".to_vec()), None);
     assert_eq!(untag(42, Vec::new()), None);
     assert_eq!(untag(7, tag(7, b"")).as_deref(), Some(&b""[..]));
+}
+
+#[test]
+fn tag_in_place_round_trips_without_a_second_buffer() {
+    use kube_peer_proxy::discovery::to_v2_json_with_room;
+    use kube_peer_proxy::snapshot::{tag_in_place, untag, TAG_ROOM};
+    let doc = to_v2_json_with_room::<kube_peer_proxy::discovery::GroupDiscovery>(&[], TAG_ROOM);
+    let plain = doc.clone();
+    assert!(doc.capacity() >= doc.len() + TAG_ROOM, "room for the tag");
+    for generation in [0, 7, u64::MAX] {
+        let mut d = doc.clone();
+        d.reserve_exact(TAG_ROOM);
+        let (ptr, cap) = (d.as_ptr(), d.capacity());
+        tag_in_place(generation, &mut d);
+        assert_eq!((d.as_ptr(), d.capacity()), (ptr, cap), "tagged inside its allocation");
+        assert_eq!(untag(generation, d.clone()).as_deref(), Some(plain.as_slice()));
+        assert_eq!(untag(generation.wrapping_add(1), d), None);
+    }
 }

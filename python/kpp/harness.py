@@ -69,7 +69,8 @@ def envoy_binary() -> Path:
 
 
 def wasm_path() -> Path:
-    path = ROOT / "target" / "wasm32-wasip1" / "release" / "kube_peer_proxy.wasm"
+    # `make build`'s output: cargo's release build optimized by scripts/wasm-opt.sh.
+    path = ROOT / "target" / "kube_peer_proxy.wasm"
     if not path.is_file():
         raise RuntimeError(f"{path} is missing: run make build")
     return path

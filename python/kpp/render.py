@@ -7,7 +7,7 @@ singleton discovery service (bootstrap extension) and as the HTTP filter.
 
     python3 -m kpp.render --node a --listen 18441 --admin 19441 \
         --local 127.0.0.1:16441 --peer b=127.0.0.1:16442 --peer c=127.0.0.1:16443 \
-        --wasm target/wasm32-wasip1/release/kube_peer_proxy.wasm > a.yaml
+        --wasm target/kube_peer_proxy.wasm > a.yaml
     python3 -m kpp.render --demo envoy/demo     # regenerate the committed demo bootstraps (make envoy-configs)
 
 python/ must be on the path: the venv has it (scripts/setup.sh), elsewhere run from the repository root
@@ -364,7 +364,7 @@ def render_kubeadm(*, node, node_ip, apiserver, pki, wasm_path, peers=None, leas
 
 
 # The `make run` demo: apiserver a is old (1.33 API set), b and c are new (1.37-dev set).
-DEMO_WASM = "target/wasm32-wasip1/release/kube_peer_proxy.wasm"
+DEMO_WASM = "target/kube_peer_proxy.wasm"
 DEMO_SERVERS = {"a": 16441, "b": 16442, "c": 16443}
 DEMO_ENVOY_PORTS = {"a": (18441, 19441), "b": (18442, 19442), "c": (18443, 19443)}
 

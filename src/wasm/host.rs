@@ -7,6 +7,8 @@ use std::time::UNIX_EPOCH;
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, MapType, MetricType};
 
+use crate::metrics;
+
 pub fn now_ms() -> u64 {
     hostcalls::get_current_time()
         .ok()
@@ -124,11 +126,13 @@ pub fn set_shared(key: &str, value: &[u8]) -> bool {
     }
 }
 
-/// Metric ids by full (label-encoded) name, defined on first use; define_metric is idempotent
-/// in Envoy, the cache only saves the host call.
+/// Metric ids by full (label-encoded) name, defined on first use. Envoy's `define_metric` returns a
+/// new id on every call (for the same stat), so ids are cached per name; labelled counters are
+/// found by a hash of their parts, so a request formats no metric name once its label set was seen.
 #[derive(Default)]
 pub struct Metrics {
     ids: HashMap<(MetricKind, String), u32>,
+    labelled: HashMap<u64, Vec<(String, u32)>>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -137,24 +141,46 @@ pub enum MetricKind {
     Gauge,
 }
 
+fn define(kind: MetricKind, name: &str) -> Option<u32> {
+    let t = match kind {
+        MetricKind::Counter => MetricType::Counter,
+        MetricKind::Gauge => MetricType::Gauge,
+    };
+    match hostcalls::define_metric(t, name) {
+        Ok(id) => Some(id),
+        Err(e) => {
+            log::warn!("define_metric {name}: {e:?}");
+            None
+        }
+    }
+}
+
 impl Metrics {
     fn id(&mut self, kind: MetricKind, name: String) -> Option<u32> {
         if let Some(id) = self.ids.get(&(kind, name.clone())) {
             return Some(*id);
         }
-        let t = match kind {
-            MetricKind::Counter => MetricType::Counter,
-            MetricKind::Gauge => MetricType::Gauge,
+        let id = define(kind, &name)?;
+        self.ids.insert((kind, name), id);
+        Some(id)
+    }
+
+    /// Counter `base` with `labels` (see [`crate::metrics::name`]) incremented by one.
+    pub fn inc_labelled(&mut self, base: &str, labels: &[(&str, &str)]) {
+        let slot = self.labelled.entry(metrics::name_hash(base, labels)).or_default();
+        let id = match slot.iter().find(|(n, _)| metrics::is_name(n, base, labels)) {
+            Some((_, id)) => Some(*id),
+            None => {
+                let name = metrics::name(base, labels);
+                let id = define(MetricKind::Counter, &name);
+                if let Some(id) = id {
+                    slot.push((name, id));
+                }
+                id
+            }
         };
-        match hostcalls::define_metric(t, &name) {
-            Ok(id) => {
-                self.ids.insert((kind, name), id);
-                Some(id)
-            }
-            Err(e) => {
-                log::warn!("define_metric {name}: {e:?}");
-                None
-            }
+        if let Some(id) = id {
+            let _ = hostcalls::increment_metric(id, 1);
         }
     }
 

@@ -84,9 +84,7 @@ impl RootContext for Root {
     fn on_tick(&mut self) {
         match &mut self.role {
             Role::Service(s) => s.on_tick(),
-            Role::Filter(shared) => {
-                let _ = shared.table();
-            }
+            Role::Filter(shared) => shared.on_tick(),
             Role::Unconfigured => {}
         }
     }

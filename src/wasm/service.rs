@@ -101,7 +101,7 @@ impl Service {
                 ));
             }
             if let Some(p) = step.publish {
-                self.publish(&p);
+                self.publish(p);
             }
             for f in step.fetches {
                 let headers: Vec<(&str, &str)> = f.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
@@ -123,14 +123,14 @@ impl Service {
         }
     }
 
-    fn publish(&mut self, p: &Publish) {
+    fn publish(&mut self, mut p: Publish) {
         let generation = p.table.generation;
-        let ok = host::set_shared(snapshot::KEY_MERGED_APIS, &snapshot::tag(generation, &p.merged_apis))
-            && host::set_shared(snapshot::KEY_MERGED_API, &snapshot::tag(generation, &p.merged_api))
-            && host::set_shared(
-                snapshot::KEY_MERGED_APIS_LEGACY,
-                &snapshot::tag(generation, &p.merged_apis_legacy),
-            )
+        for doc in [&mut p.merged_apis, &mut p.merged_api, &mut p.merged_apis_legacy] {
+            snapshot::tag_in_place(generation, doc);
+        }
+        let ok = host::set_shared(snapshot::KEY_MERGED_APIS, &p.merged_apis)
+            && host::set_shared(snapshot::KEY_MERGED_API, &p.merged_api)
+            && host::set_shared(snapshot::KEY_MERGED_APIS_LEGACY, &p.merged_apis_legacy)
             && host::set_shared(snapshot::KEY_TABLE, &p.table.encode())
             && host::set_shared(snapshot::KEY_GENERATION, p.table.generation.to_string().as_bytes());
         if ok {

@@ -5,8 +5,8 @@ loads the ways users load it.
   static pods (the image-volume one derived from deploy/static-pod.yaml), the OCI layout of the Wasm
   image "compat" variant; two runs give the same bytes.
 * Reproducible .wasm: two clean builds (one exactly `make build` into a fresh target dir, one from a
-  copy of the sources in another directory with another $CARGO_HOME) equal `make build`'s output,
-  and no build path is in it.
+  copy of the sources in another directory with another $CARGO_HOME, then scripts/wasm-opt.sh)
+  equal `make build`'s output, and no build path is in it.
 * Envoy fetches the .wasm over HTTP (`vm_config.code.remote`, sha256 from the .sha256 file) and runs
   it; with a wrong sha256 it refuses it (logged) and fails closed.
 * The OCI image is pushed by skopeo to a CNCF distribution registry on loopback, pulled back by
@@ -256,7 +256,7 @@ def test_wasm_is_reproducible_across_clean_builds_directories_and_cargo_homes(tm
     # 1: exactly `make build`, from scratch into a fresh target directory.
     target1 = tmp_path / "target-1"
     run(["make", "-s", "build"], cwd=ROOT, env={**os.environ, "CARGO_TARGET_DIR": str(target1)}, timeout=1800)
-    build1 = (target1 / "wasm32-wasip1" / "release" / "kube_peer_proxy.wasm").read_bytes()
+    build1 = (target1 / "kube_peer_proxy.wasm").read_bytes()
 
     # 2: the copied sources in another directory, with another $CARGO_HOME (its registry copied,
     # built offline), into another fresh target directory.
@@ -267,15 +267,18 @@ def test_wasm_is_reproducible_across_clean_builds_directories_and_cargo_homes(tm
             "CARGO_TARGET_WASM32_WASIP1_RUSTFLAGS": remap_flags(home2)}
     env2.pop("RUSTFLAGS", None)
     run(["cargo", "build", "--offline", "--release", "--target", "wasm32-wasip1"], cwd=clone, env=env2, timeout=1800)
-    build2 = (target2 / "wasm32-wasip1" / "release" / "kube_peer_proxy.wasm").read_bytes()
+    run(["bash", str(ROOT / "scripts" / "wasm-opt.sh"), str(target2 / "wasm32-wasip1" / "release" / "kube_peer_proxy.wasm"),
+         str(target2 / "opt.wasm")], cwd=clone, timeout=600)
+    build2 = (target2 / "opt.wasm").read_bytes()
 
     assert sources_hash(ROOT) == before, "the sources changed while the test ran; run it again"
     digests = {"make build": sha256(shipped), "clean make build": sha256(build1),
                "other dir and CARGO_HOME": sha256(build2)}
     assert len(set(digests.values())) == 1, digests
 
-    strings = run(["strings", "-n", "4", target1 / "wasm32-wasip1" / "release" / "kube_peer_proxy.wasm"],
-                  text=True).stdout
+    # Both cargo's output and the optimized one (wasm-opt keeps data segments as they are).
+    strings = run(["strings", "-n", "4", target1 / "wasm32-wasip1" / "release" / "kube_peer_proxy.wasm",
+                   target1 / "kube_peer_proxy.wasm"], text=True).stdout
     for leak in (str(ROOT), str(cargo_home), str(home2), str(tmp_path), str(Path.home()) + "/"):
         assert leak not in strings, f"{leak} is in the .wasm"
 
