@@ -132,10 +132,16 @@ upgrade-k8s: build k8s-build-skew
 
 # ---- Benchmarks ---------------------------------------------------------------------------------
 # Speed and memory goals are shown here, not by timed unit tests: callgrind instruction counts of the
-# pure core, then Envoy in the loop (wrk; Envoy CPU µs/request, latency, RSS, shared-data size).
-# Rewrites the generated sections of docs/benchmarks.md. Needs wrk and valgrind (installed if missing).
+# pure core, then Envoy in the loop (wrk and h2load; Envoy CPU µs/request against plain Envoy and
+# against a do-nothing wasm filter, latency, RSS, wasm memory per VM, shared-data size), and the
+# .wasm's size by crate. Rewrites the generated sections of docs/benchmarks.md. Needs wrk, h2load,
+# valgrind (installed if missing) and twiggy (cargo install into .tools/).
+# BENCH_ARGS: e.g. --before <git ref> (that build's filter rows run in the same run as this one's).
+BENCH_ARGS ?= --before abb7b71
+export BENCH_ARGS
 bench: build
 	@mkdir -p target/bench
+	bash bench/size.sh > target/bench/size.md
 	bash bench/core_bench.sh > target/bench/core.md
-	$(PY) bench/envoy_bench.py --out target/bench/envoy.md
-	$(PY) bench/update_doc.py docs/benchmarks.md target/bench/core.md target/bench/envoy.md
+	$(PY) bench/envoy_bench.py --out target/bench/envoy.md $(BENCH_ARGS)
+	$(PY) bench/update_doc.py docs/benchmarks.md target/bench/core.md target/bench/envoy.md target/bench/size.md

@@ -84,3 +84,23 @@ fi
 echo "Command: \`bash bench/core_bench.sh\` (valgrind --tool=callgrind on" \
     "\`target/release/examples/core_bench run <workload> <n>\`, built by" \
     "\`cargo build --release --example core_bench\`)."
+
+# Peak heap of the discovery service building a snapshot (valgrind massif, native build): the wasm
+# VM's linear memory never shrinks, so this peak is what the service VM keeps resident.
+big="$(mktemp -d)"
+trap 'rm -f "$notes"; rm -rf "$big"' EXIT
+F=tests/fixtures/k8s-discovery
+"$BIN" synth "$F/aggregated_v2.k8s-1.33.json" 400 2 25 > "$big/old.json"
+"$BIN" synth "$F/aggregated_v2.k8s-1.37-dev-fork.json" 400 2 25 > "$big/new.json"
+peak() {  # peak heap (useful + allocator overhead) in MB, minus the inputs the tool itself holds
+    valgrind --tool=massif --massif-out-file="$big/massif.out" "$BIN" snapshot "$@" >/dev/null 2>&1
+    local inputs=0 f
+    for f in "$@"; do inputs=$((inputs + $(stat -c %s "$f"))); done
+    awk -v inputs="$inputs" -F= '/^mem_heap_B=/{h=$2} /^mem_heap_extra_B=/{t=h+$2; if (t>m) m=t} END {printf "%.1f", (m-inputs)/1e6}' "$big/massif.out"
+}
+echo
+echo "Discovery service memory: peak heap of \`core_bench snapshot\` (one discovery round of three servers"
+echo "and the snapshot build, as the service runs it) under \`valgrind --tool=massif\`, minus the input"
+echo "documents the tool itself holds: fixtures $(peak "$F/aggregated_v2.k8s-1.33.json" "$F/aggregated_v2.k8s-1.37-dev-fork.json" "$F/aggregated_v2.k8s-1.37-dev-fork.json") MB;"
+echo "large table (+20 000 resources per server) $(peak "$big/old.json" "$big/new.json" "$big/new.json") MB."
+echo "Native x86-64 (8-byte pointers, glibc malloc): the wasm VM's own numbers are in the per-VM table above."

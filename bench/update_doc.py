@@ -1,22 +1,25 @@
 #!/usr/bin/env python3
 """Writes the generated sections of docs/benchmarks.md (stdlib only).
 
-    python3 bench/update_doc.py docs/benchmarks.md <core.md> <envoy.md>
+    python3 bench/update_doc.py docs/benchmarks.md <core.md> <envoy.md> <size.md>
 
 The document keeps its hand-written text; only the text between `<!-- generated:NAME -->` and
-`<!-- /generated:NAME -->` is replaced: `machine` (facts about this run), `envoy` and `core` (the
-reports of bench/envoy_bench.py and bench/core_bench.sh).
+`<!-- /generated:NAME -->` is replaced: `machine` (facts about this run), `envoy`, `core` and `size` (the
+reports of bench/envoy_bench.py, bench/core_bench.sh and bench/size.sh).
 """
 
 from __future__ import annotations
 
 import datetime
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# The Makefile's BENCH_ARGS (passed to envoy_bench.py), to quote the exact command.
+BENCH_ARGS = os.environ.get("BENCH_ARGS", "")
 
 
 def sh(*cmd: str) -> str:
@@ -66,13 +69,17 @@ def machine() -> str:
         ("rustc", f"`{sh('rustc', '--version')}`"),
         ("valgrind", f"`{sh('valgrind', '--version')}`"),
         ("wrk", f"`{(sh('wrk', '-v') or '?').splitlines()[0].split(' Copyright')[0]}`"),
+        ("h2load", f"`{(sh('h2load', '--version') or '?').splitlines()[0]}`"),
+        ("wasm-opt", f"`{sh('wasm-opt', '--version')}`"),
     ]
     out = ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
     out += ["", "Commands (all run by `make bench`):", "", "```",
             "make build",
+            "bash bench/size.sh > target/bench/size.md",
             "bash bench/core_bench.sh > target/bench/core.md",
-            ".venv/bin/python bench/envoy_bench.py --out target/bench/envoy.md",
-            ".venv/bin/python bench/update_doc.py docs/benchmarks.md target/bench/core.md target/bench/envoy.md",
+            f".venv/bin/python bench/envoy_bench.py --out target/bench/envoy.md {BENCH_ARGS}".rstrip(),
+            ".venv/bin/python bench/update_doc.py docs/benchmarks.md target/bench/core.md target/bench/envoy.md "
+            "target/bench/size.md",
             "```"]
     return "\n".join(out) + "\n"
 
@@ -85,14 +92,15 @@ def replace(doc: str, name: str, body: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3:
+    if len(argv) != 4:
         print(__doc__, file=sys.stderr)
         return 2
-    doc_path, core, envoy = (Path(a) for a in argv)
+    doc_path, core, envoy, size = (Path(a) for a in argv)
     doc = doc_path.read_text()
     doc = replace(doc, "machine", machine())
     doc = replace(doc, "envoy", envoy.read_text())
     doc = replace(doc, "core", core.read_text())
+    doc = replace(doc, "size", size.read_text())
     doc_path.write_text(doc)
     print(f"update_doc: wrote {doc_path}")
     return 0

@@ -7,6 +7,16 @@ use crate::discovery_sync::Outcome;
 use crate::routing::MergedDoc;
 use crate::snapshot::Table;
 
+/// Where a merged document is published: its shared-data key and its index in
+/// [`Table::merged_lengths`].
+pub fn merged_source(doc: MergedDoc) -> (&'static str, usize) {
+    match doc {
+        MergedDoc::Apis => (crate::snapshot::KEY_MERGED_APIS, 0),
+        MergedDoc::Api => (crate::snapshot::KEY_MERGED_API, 1),
+        MergedDoc::ApisLegacy => (crate::snapshot::KEY_MERGED_APIS_LEGACY, 2),
+    }
+}
+
 /// How the local server's 200 for a merged discovery request is rewritten.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MergedHeaders {

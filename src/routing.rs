@@ -69,6 +69,15 @@ pub enum LocalReason {
     NoSnapshot,
 }
 
+/// Whether the decision can depend on `Accept`: only for `/api` and `/apis` (merged discovery), which
+/// have at most one path segment (a trailing slash or a query aside). A path with an escape is
+/// answered `true` too (`%2F` decodes to a separator). Every other request is decided without
+/// `Accept`, so the filter does not read that header for it.
+pub fn needs_accept(path: &str) -> bool {
+    let path = path.split(['?', '#']).next().unwrap_or("");
+    path.contains('%') || path.split('/').filter(|s| !s.is_empty()).count() <= 1
+}
+
 /// Decides where a request goes. `pick(n)` returns a uniformly random index below `n`.
 pub fn decide(
     req: &RequestFacts,

@@ -19,6 +19,42 @@ pub const KEY_MERGED_APIS: &str = "kube-peer-proxy.v1/merged/apis";
 pub const KEY_MERGED_API: &str = "kube-peer-proxy.v1/merged/api";
 pub const KEY_MERGED_APIS_LEGACY: &str = "kube-peer-proxy.v1/merged/apis-legacy";
 
+/// A merged document up to this size is published whole and every worker keeps a copy (a fast
+/// answer for the common cluster, whose `/apis` is 30–300 KB). A larger one (thousands of CRDs) is
+/// published in [`CHUNK`]-sized pieces that a worker copies into the response one at a time, so no
+/// worker VM holds it (wasm linear memory never shrinks: one copy would stay resident per worker).
+pub const WHOLE_LIMIT: usize = 1 << 20;
+/// Piece size of a chunked document (see [`chunk_key`]).
+pub const CHUNK: usize = 256 << 10;
+
+/// Where piece `index` of the document at `key` lives for `generation`. Two slots, by the
+/// generation's parity: the service overwrites the slot of the generation before last, so a worker
+/// still answering from its previous table finds that table's pieces intact. Each piece is
+/// [`tag_in_place`]d, so a piece from another generation is recognized.
+pub fn chunk_key(key: &str, generation: u64, index: usize) -> String {
+    format!("{key}/{}/{index}", generation % 2)
+}
+
+/// The pieces of a document: `(shared-data key, byte range)` each.
+pub fn chunks(key: &str, generation: u64, document: &[u8]) -> Vec<(String, std::ops::Range<usize>)> {
+    (0..document.len().div_ceil(CHUNK))
+        .map(|i| {
+            let start = i * CHUNK;
+            (chunk_key(key, generation, i), start..document.len().min(start + CHUNK))
+        })
+        .collect()
+}
+
+/// How many pieces a chunked document of `len` bytes has.
+pub fn chunk_count(len: u64) -> usize {
+    usize::try_from(len).unwrap_or(usize::MAX).div_ceil(CHUNK)
+}
+
+/// Whether a merged document of `len` bytes is published in pieces.
+pub fn is_chunked(len: u64) -> bool {
+    usize::try_from(len).map_or(true, |l| l > WHOLE_LIMIT)
+}
+
 /// Passive health: a filter that could not connect to a peer writes the time (ms) here; the
 /// discovery service clears it (writes `0`) when that peer answers a discovery round again. `target`
 /// is [`ServerRef::target`]: the cluster, or the address of a peer learned from a lease.
@@ -105,6 +141,10 @@ pub struct Table {
     pub api_etag: String,
     #[serde(default)]
     pub apis_legacy_etag: String,
+    /// Byte lengths of the merged documents (`/apis`, `/api`, legacy `/apis`): above
+    /// [`WHOLE_LIMIT`] a document is published in pieces (see [`chunks`]).
+    #[serde(default)]
+    pub merged_lengths: [u64; 3],
 }
 
 pub fn resource_key(group: &str, version: &str, resource: &str) -> String {
@@ -264,6 +304,7 @@ impl Table {
             apis_etag: &'a str,
             api_etag: &'a str,
             apis_legacy_etag: &'a str,
+            merged_lengths: [u64; 3],
         }
         // Exact size: a large table is not left in a buffer grown by doubling.
         crate::discovery::to_vec_exact(
@@ -281,6 +322,7 @@ impl Table {
                 apis_etag: &self.apis_etag,
                 api_etag: &self.api_etag,
                 apis_legacy_etag: &self.apis_legacy_etag,
+                merged_lengths: self.merged_lengths,
             },
             0,
         )
@@ -323,6 +365,7 @@ impl Snapshot {
         table.apis_etag = etag(&merged_apis);
         table.api_etag = etag(&merged_api);
         table.apis_legacy_etag = etag(&merged_apis_legacy);
+        table.merged_lengths = [&merged_apis, &merged_api, &merged_apis_legacy].map(|d| d.len() as u64);
         Snapshot {
             table,
             merged_apis,

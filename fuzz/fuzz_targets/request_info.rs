@@ -1,6 +1,7 @@
 //! The path grammar, the routing decision and the 404 guard's question must accept any
 //! method/path/Accept without panicking, against an empty table and against populated ones whose
 //! members are in every state (unknown, stale, unreachable, partly known, membership unknown).
+//! Where `needs_accept` says Accept cannot matter, the decision must be the same without it.
 #![no_main]
 use std::sync::OnceLock;
 
@@ -68,7 +69,12 @@ fuzz_target!(|data: &[u8]| {
     for t in [Table::build(&[(local, &empty)]), table(state)] {
         let d = decide_with(&facts, Some(&t), true, &mut |n| n / 2, &mut |i| state & (1 << (21 + i % 3)) != 0);
         let _ = kube_peer_proxy::guard::question(method, path, Some(&t));
-        let _ = d;
+        // The filter reads Accept only where needs_accept says so: elsewhere it must not matter.
+        if !kube_peer_proxy::routing::needs_accept(path) {
+            let without = RequestFacts { accept: None, ..facts.clone() };
+            let d2 = decide_with(&without, Some(&t), true, &mut |n| n / 2, &mut |i| state & (1 << (21 + i % 3)) != 0);
+            assert_eq!(d, d2, "Accept changed the decision for {path:?}");
+        }
     }
     let _ = decide_with(&facts, None, true, &mut |_| 0, &mut |_| false);
     let _ = kube_peer_proxy::guard::question(method, path, None);

@@ -43,9 +43,9 @@ struct Cache {
     down: u64,
     /// Whether the timer runs; without it, requests read the passive-health marks themselves.
     timer: bool,
-    apis: Rc<Vec<u8>>,
-    api: Rc<Vec<u8>>,
-    apis_legacy: Rc<Vec<u8>>,
+    /// The merged documents published whole (`None`: published in pieces, see
+    /// [`snapshot::WHOLE_LIMIT`]), in [`reply::merged_source`] order.
+    docs: [Option<Rc<Vec<u8>>>; 3],
 }
 
 impl Shared {
@@ -130,33 +130,43 @@ impl Shared {
             }
             None => return cache.table.clone(),
         };
-        let doc = |key: &str| host::shared(key).and_then(|v| snapshot::untag(table.generation, v));
-        // The documents must belong to this table; if the service is mid-write, keep the previous
-        // snapshot and look again on the next request or tick.
-        if let (Some(apis), Some(api), Some(legacy)) = (
-            doc(snapshot::KEY_MERGED_APIS),
-            doc(snapshot::KEY_MERGED_API),
-            doc(snapshot::KEY_MERGED_APIS_LEGACY),
-        ) {
+        // A whole document is copied into this VM; a chunked one is read piece by piece when a
+        // request needs it. The documents must belong to this table; if the service is mid-write,
+        // keep the previous snapshot and look again on the next request or tick.
+        let doc = |doc: MergedDoc| -> Option<Option<Rc<Vec<u8>>>> {
+            let (key, index) = reply::merged_source(doc);
+            let len = table.merged_lengths.get(index).copied().unwrap_or(0);
+            if snapshot::is_chunked(len) {
+                return Some(None);
+            }
+            let whole = host::shared(key).and_then(|v| snapshot::untag(table.generation, v))?;
+            Some(Some(Rc::new(whole)))
+        };
+        if let (Some(apis), Some(api), Some(legacy)) =
+            (doc(MergedDoc::Apis), doc(MergedDoc::Api), doc(MergedDoc::ApisLegacy))
+        {
             if cache.table.as_ref().map(|t| &t.servers) != Some(&table.servers) {
                 // Bits are positions in the server list: the next tick re-reads the marks.
                 cache.down = 0;
             }
             cache.generation = Some(table.generation);
             cache.table = Some(Rc::new(table));
-            cache.apis = Rc::new(apis);
-            cache.api = Rc::new(api);
-            cache.apis_legacy = Rc::new(legacy);
+            cache.docs = [apis, api, legacy];
         }
         cache.table.clone()
     }
 
-    fn merged(&self, doc: MergedDoc) -> Rc<Vec<u8>> {
+    /// The body of a merged answer for `table`: this VM's copy, or where its pieces are.
+    fn merged(&self, doc: MergedDoc, table: &Table) -> Body {
+        let (key, index) = reply::merged_source(doc);
         let cache = self.cache.borrow();
-        match doc {
-            MergedDoc::Apis => cache.apis.clone(),
-            MergedDoc::Api => cache.api.clone(),
-            MergedDoc::ApisLegacy => cache.apis_legacy.clone(),
+        match cache.docs.get(index).cloned().flatten() {
+            Some(whole) => Body::Whole(whole),
+            None => Body::Pieces {
+                key,
+                generation: table.generation,
+                len: table.merged_lengths.get(index).copied().unwrap_or(0),
+            },
         }
     }
 }
@@ -245,7 +255,54 @@ struct MergedReply {
     table: Rc<Table>,
     if_none_match: Option<String>,
     /// Headers were rewritten; the local body is being swapped for `body`.
-    body: Option<Rc<Vec<u8>>>,
+    body: Option<Body>,
+}
+
+/// A merged answer's body: the VM's copy, or a document published in pieces, copied into the
+/// response one piece at a time (see [`snapshot::WHOLE_LIMIT`]).
+#[derive(Clone)]
+enum Body {
+    Whole(Rc<Vec<u8>>),
+    Pieces {
+        key: &'static str,
+        generation: u64,
+        len: u64,
+    },
+}
+
+impl Body {
+    /// Replaces the response body (`size` bytes of the local answer's last chunk) with this one.
+    fn write(&self, size: usize) {
+        let (key, generation, len) = match self {
+            Body::Whole(doc) => {
+                if let Err(e) = hostcalls::set_buffer(BufferType::HttpResponseBody, 0, size, doc) {
+                    log::error!("kube-peer-proxy: cannot replace the discovery body: {e:?}");
+                }
+                return;
+            }
+            Body::Pieces { key, generation, len } => (*key, *generation, *len),
+        };
+        let mut written = 0usize;
+        for i in 0..snapshot::chunk_count(len) {
+            let piece =
+                host::shared(&snapshot::chunk_key(key, generation, i)).and_then(|v| snapshot::untag(generation, v));
+            let Some(piece) = piece else {
+                // Only if two newer snapshots were published while this loop ran (each takes a
+                // discovery round): the body stays short, and the client's JSON decoder says so.
+                log::error!(
+                    "kube-peer-proxy: piece {i} of {key} generation {generation} is gone; the answer is cut short"
+                );
+                return;
+            };
+            // The first piece replaces the local chunk; the next ones are appended.
+            let (start, drop) = if i == 0 { (0, size) } else { (written, 0) };
+            if let Err(e) = hostcalls::set_buffer(BufferType::HttpResponseBody, start, drop, &piece) {
+                log::error!("kube-peer-proxy: cannot write the discovery body: {e:?}");
+                return;
+            }
+            written += piece.len();
+        }
+    }
 }
 
 /// At most this many other members are asked about one 404; with more, the 404 is answered 503.
@@ -426,9 +483,9 @@ impl PeerProxy {
             return;
         };
         m.body = Some(if h.status == 304 {
-            Rc::new(Vec::new())
+            Body::Whole(Rc::new(Vec::new()))
         } else {
-            self.shared.merged(m.doc)
+            self.shared.merged(m.doc, &m.table)
         });
         host::set_header(resp, "content-length", None);
         host::set_header(resp, "content-type", Some(h.content_type));
@@ -513,7 +570,11 @@ impl HttpContext for PeerProxy {
         }
         let method = host::header(req, ":method").unwrap_or_default();
         let path = host::header(req, ":path").unwrap_or_default();
-        let accept = host::header(req, "accept");
+        let accept = if routing::needs_accept(&path) {
+            host::header(req, "accept")
+        } else {
+            None
+        };
         let proxied = host::header(req, PEER_PROXIED_HEADER);
         let facts = RequestFacts {
             method: &method,
@@ -620,13 +681,14 @@ impl HttpContext for PeerProxy {
             return Action::Continue;
         };
         // Drop the local document chunk by chunk (nothing is buffered), then send ours.
-        let replacement: &[u8] = if end_of_stream { &body } else { &[] };
-        if let Err(e) = hostcalls::set_buffer(BufferType::HttpResponseBody, 0, body_size, replacement) {
-            log::error!("kube-peer-proxy: cannot replace the discovery body: {e:?}");
+        if !end_of_stream {
+            if let Err(e) = hostcalls::set_buffer(BufferType::HttpResponseBody, 0, body_size, &[]) {
+                log::error!("kube-peer-proxy: cannot drop the local discovery body: {e:?}");
+            }
+            return Action::Continue;
         }
-        if end_of_stream {
-            self.merged = None;
-        }
+        body.write(body_size);
+        self.merged = None;
         Action::Continue
     }
 

@@ -123,14 +123,16 @@ impl Service {
         }
     }
 
-    fn publish(&mut self, mut p: Publish) {
+    fn publish(&mut self, p: Publish) {
         let generation = p.table.generation;
-        for doc in [&mut p.merged_apis, &mut p.merged_api, &mut p.merged_apis_legacy] {
-            snapshot::tag_in_place(generation, doc);
-        }
-        let ok = host::set_shared(snapshot::KEY_MERGED_APIS, &p.merged_apis)
-            && host::set_shared(snapshot::KEY_MERGED_API, &p.merged_api)
-            && host::set_shared(snapshot::KEY_MERGED_APIS_LEGACY, &p.merged_apis_legacy)
+        let docs = [
+            (snapshot::KEY_MERGED_APIS, p.merged_apis),
+            (snapshot::KEY_MERGED_API, p.merged_api),
+            (snapshot::KEY_MERGED_APIS_LEGACY, p.merged_apis_legacy),
+        ];
+        let ok = docs
+            .into_iter()
+            .all(|(key, doc)| publish_document(key, generation, doc))
             && host::set_shared(snapshot::KEY_TABLE, &p.table.encode())
             && host::set_shared(snapshot::KEY_GENERATION, p.table.generation.to_string().as_bytes());
         if ok {
@@ -173,4 +175,23 @@ impl Service {
             }
         }
     }
+}
+
+/// A merged document, whole (tagged in place) or, above [`snapshot::WHOLE_LIMIT`], in tagged pieces
+/// with only the tag left under its own key (so a smaller earlier version does not linger there).
+fn publish_document(key: &str, generation: u64, mut doc: Vec<u8>) -> bool {
+    if !snapshot::is_chunked(doc.len() as u64) {
+        snapshot::tag_in_place(generation, &mut doc);
+        return host::set_shared(key, &doc);
+    }
+    for (chunk_key, range) in snapshot::chunks(key, generation, &doc) {
+        let mut piece = doc.get(range).unwrap_or_default().to_vec();
+        snapshot::tag_in_place(generation, &mut piece);
+        if !host::set_shared(&chunk_key, &piece) {
+            return false;
+        }
+    }
+    let mut tag = Vec::new();
+    snapshot::tag_in_place(generation, &mut tag);
+    host::set_shared(key, &tag)
 }

@@ -62,3 +62,72 @@ def test_merged_discovery_is_byte_identical_on_every_node(envoys):
         assert b'"dpl"' not in merged and b'"c-only"' not in merged
     finally:
         cluster.stop_all()
+
+
+def fnv128_etag(body: bytes) -> str:
+    """The filter's ETag of a merged document (128-bit FNV-1a, quoted upper-case hex)."""
+    h = 0x6c62272e07bb014262b821756295c58d
+    for b in body:
+        h = ((h ^ b) * 0x0000000001000000000000000000013B) % (1 << 128)
+    return f'"{h:032X}"'
+
+
+def with_crds(base: str, prefix: str, groups: int, versions: int = 2, resources: int = 10) -> dict:
+    """A fixture API set plus `groups` synthetic CRD groups (every resource with a status
+    subresource, as CRDs usually have)."""
+    from kpp.fake_apiserver.discovery import resource_entry
+    name = {"old": "aggregated_v2.k8s-1.33.json", "new": "aggregated_v2.k8s-1.37-dev-fork.json"}[base]
+    doc = json.loads((FIXTURES / name).read_text())
+    for g in range(groups):
+        group = f"{prefix}{g:03d}.example.com"
+        vs = []
+        for v in range(versions):
+            version = f"v{v + 1}"
+            rs = []
+            for r in range(resources):
+                e = resource_entry(group, version, f"widget{r:02d}s", f"Widget{r:02d}")
+                e["subresources"] = [{"subresource": "status", "verbs": ["get", "patch", "update"],
+                                      "responseKind": {"group": group, "version": version, "kind": f"Widget{r:02d}"}}]
+                rs.append(e)
+            vs.append({"version": version, "resources": rs, "freshness": "Current"})
+        doc["items"].append({"metadata": {"name": group}, "versions": vs})
+    return doc
+
+
+def test_a_merged_document_over_the_whole_limit_is_streamed_in_pieces_byte_identical(envoys):
+    """Above 1 MiB (snapshot::WHOLE_LIMIT) the service publishes the merged /apis in 256 KiB pieces
+    and each worker copies them into the response one by one instead of keeping the document: the
+    answer must still be the whole document, the same bytes on every node, matching its ETag."""
+    cluster = Cluster()
+    try:
+        servers = {"a": cluster.start("a", apiset={"apis": with_crds("old", "a", 150), "minor": "33", "name": "big-a"}),
+                   "b": cluster.start("b", apiset={"apis": with_crds("new", "b", 150), "minor": "37", "name": "big-b"}),
+                   "c": cluster.start("c", apiset={"apis": with_crds("new", "b", 150), "minor": "37", "name": "big-c"})}
+        ports = {}
+        for node, inst in servers.items():
+            port, admin = harness.free_port(), harness.free_port()
+            peers = [(n, "127.0.0.1", s.port) for n, s in servers.items() if n != node]
+            yaml = render.render_bootstrap(node=node, listen_port=port, admin_port=admin,
+                                           local=("127.0.0.1", inst.port), peers=peers,
+                                           wasm_path=str(harness.wasm_path()), plugin=dict(FAST))
+            envoys.start(yaml, node, admin).wait_snapshot(30)
+            ports[node] = port
+        got = {}
+        for node, port in ports.items():
+            for _ in range(3):  # both workers, and the same answer again
+                r = request(f"http://127.0.0.1:{port}/apis", headers={"Accept": V2}, timeout=30)
+                assert r.status == 200, (node, r.status)
+                got.setdefault(node, set()).add((r.body, r.headers.get("etag")))
+        assert all(len(v) == 1 for v in got.values()), {n: len(v) for n, v in got.items()}
+        (body, etag), = got["a"]
+        assert got["b"] == got["c"] == got["a"]
+        assert len(body) > 1 << 20, len(body)
+        assert etag == fnv128_etag(body), "the streamed body is not the published document"
+        groups = {g["metadata"].get("name", "") for g in json.loads(body)["items"]}
+        assert {"a000.example.com", "a149.example.com", "b000.example.com", "b149.example.com",
+                "resource.k8s.io"} <= groups
+        # A client that has it gets a 304 without a body.
+        r = request(f"http://127.0.0.1:{ports['b']}/apis", headers={"Accept": V2, "If-None-Match": etag})
+        assert r.status == 304 and r.body == b"", r.status
+    finally:
+        cluster.stop_all()
