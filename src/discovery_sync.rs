@@ -129,7 +129,8 @@ enum Purpose {
 /// A parsed document, cached with its ETag so a 304 can reuse it.
 #[derive(Debug, Clone)]
 enum Doc {
-    Aggregated(Vec<GroupDiscovery>),
+    /// An aggregated list, and the ETag it came with.
+    Aggregated(Rc<Vec<GroupDiscovery>>, Option<String>),
     ApiVersions(Vec<String>),
     GroupList(Vec<(String, Vec<String>)>),
     ResourceList(VersionDiscovery),
@@ -148,7 +149,7 @@ enum PartWork {
     Failed,
     /// 304: the part's data is current.
     Unchanged,
-    Docs(Vec<GroupDiscovery>),
+    Docs(Rc<Vec<GroupDiscovery>>, Option<String>),
     /// A legacy walk: `(group, version, resources if that fetch succeeded)`, in the server's order.
     Legacy(Vec<(String, String, Option<VersionDiscovery>)>),
 }
@@ -169,6 +170,9 @@ struct Part {
     /// servers that sent equal documents: during an upgrade most servers run the same version, and
     /// a large parsed document is the biggest thing the discovery service holds.
     docs: Option<Rc<Vec<GroupDiscovery>>>,
+    /// The ETag `docs` came with (aggregated discovery only): another server answering the same
+    /// ETag sent the same document, which is then shared without being parsed again.
+    etag: Option<String>,
     /// Group/versions listed by a legacy walk whose resources were never learned.
     unknown: Vec<(String, String)>,
     last_ms: Option<u64>,
@@ -621,6 +625,23 @@ impl Syncer {
             } => (status, content_type, etag, body),
             failed => return Err(self.no_answer(failed)),
         };
+        // The document another server holds under the same ETag (apiservers hash what they send),
+        // shared instead of parsed: during an upgrade most servers send the same bytes.
+        let same = match (status, etag.as_deref()) {
+            (200, Some(t)) if !t.is_empty() && discovery::is_aggregated_content_type(&content_type) => {
+                self.servers.iter().enumerate().find_map(|(i, o)| {
+                    let part = match path {
+                        "/api" => &o.core,
+                        "/apis" => &o.groups,
+                        _ => return None,
+                    };
+                    (i != si && part.etag.as_deref() == Some(t))
+                        .then(|| part.docs.clone())
+                        .flatten()
+                })
+            }
+            _ => None,
+        };
         let server = self
             .servers
             .get_mut(si)
@@ -635,11 +656,18 @@ impl Syncer {
                 if body.len() > self.max_bytes {
                     return Err((SyncErrorKind::Oversized, format!("body of {} bytes", body.len())));
                 }
-                let doc = parse_doc(path, &content_type, &body).map_err(|e| (SyncErrorKind::Decode, e))?;
+                let doc = match same {
+                    Some(docs) => Doc::Aggregated(docs, None),
+                    None => parse_doc(path, &content_type, &body).map_err(|e| (SyncErrorKind::Decode, e))?,
+                };
+                let doc = match (doc, &etag) {
+                    (Doc::Aggregated(docs, _), Some(t)) if !t.is_empty() => Doc::Aggregated(docs, Some(t.clone())),
+                    (doc, _) => doc,
+                };
                 match etag {
                     Some(t) if !t.is_empty() => {
                         let cached = match &doc {
-                            Doc::Aggregated(_) => Doc::Unchanged,
+                            Doc::Aggregated(..) => Doc::Unchanged,
                             other => other.clone(),
                         };
                         server.cache.insert(path.to_string(), (t, cached));
@@ -674,9 +702,9 @@ impl Syncer {
         let Some(s) = self.servers.get_mut(si) else { return };
         let w = &mut s.work;
         match (purpose, doc) {
-            (Purpose::ApiRoot, Doc::Aggregated(items)) => w.core = PartWork::Docs(items),
+            (Purpose::ApiRoot, Doc::Aggregated(items, etag)) => w.core = PartWork::Docs(items, etag),
             // No core group (an aggregated API server).
-            (Purpose::ApiRoot, Doc::Absent) => w.core = PartWork::Docs(Vec::new()),
+            (Purpose::ApiRoot, Doc::Absent) => w.core = PartWork::Docs(Rc::new(Vec::new()), None),
             (Purpose::ApiRoot, Doc::Unchanged) => w.core = PartWork::Unchanged,
             (Purpose::ApisRoot, Doc::Unchanged) => w.groups = PartWork::Unchanged,
             (Purpose::ApiRoot, Doc::ApiVersions(versions)) => {
@@ -685,7 +713,7 @@ impl Syncer {
                 }
                 w.core = PartWork::Legacy(versions.into_iter().map(|v| (String::new(), v, None)).collect());
             }
-            (Purpose::ApisRoot, Doc::Aggregated(items)) => w.groups = PartWork::Docs(items),
+            (Purpose::ApisRoot, Doc::Aggregated(items, etag)) => w.groups = PartWork::Docs(items, etag),
             (Purpose::ApisRoot, Doc::GroupList(groups)) => {
                 let mut walk = Vec::new();
                 for (g, vs) in groups {
@@ -798,12 +826,8 @@ fn ordered(servers: &[Server]) -> Vec<&Server> {
 /// Ends a server's part of a round. Returns whether what the snapshot is built from changed.
 fn finish_server(s: &mut Server, now_ms: u64, shared: &[Rc<Vec<GroupDiscovery>>]) -> bool {
     // An equal document another server already holds is shared instead of kept twice.
-    let share = |docs: Vec<GroupDiscovery>| -> Rc<Vec<GroupDiscovery>> {
-        shared
-            .iter()
-            .find(|d| ***d == docs)
-            .cloned()
-            .unwrap_or_else(|| Rc::new(docs))
+    let share = |docs: Rc<Vec<GroupDiscovery>>| -> Rc<Vec<GroupDiscovery>> {
+        shared.iter().find(|d| **d == docs).cloned().unwrap_or(docs)
     };
     let w = std::mem::take(&mut s.work);
     let mut changed = s.reachable == w.unreachable;
@@ -820,9 +844,10 @@ fn finish_server(s: &mut Server, now_ms: u64, shared: &[Rc<Vec<GroupDiscovery>>]
                     s.cache.clear();
                 }
             }
-            PartWork::Docs(docs) => {
-                changed |= part.docs.as_deref() != Some(&docs) || !part.unknown.is_empty();
+            PartWork::Docs(docs, etag) => {
+                changed |= part.docs.as_ref() != Some(&docs) || !part.unknown.is_empty();
                 part.docs = Some(share(docs));
+                part.etag = etag;
                 part.unknown.clear();
                 part.last_ms = Some(now_ms);
             }
@@ -830,7 +855,8 @@ fn finish_server(s: &mut Server, now_ms: u64, shared: &[Rc<Vec<GroupDiscovery>>]
                 let (docs, unknown) = assemble_legacy(walk, part.docs.as_deref().map(Vec::as_slice));
                 // A fresh document may still say what we had (legacy servers have no ETags).
                 changed |= part.docs.as_deref() != Some(&docs) || part.unknown != unknown;
-                part.docs = Some(share(docs));
+                part.docs = Some(share(Rc::new(docs)));
+                part.etag = None;
                 part.unknown = unknown;
                 part.last_ms = Some(now_ms);
             }
@@ -875,7 +901,7 @@ fn parse_doc(path: &str, content_type: &str, body: &[u8]) -> Result<Doc, String>
     let e = |e: discovery::ParseError| e.to_string();
     if discovery::is_aggregated_content_type(content_type) {
         let list = discovery::parse_aggregated(body).map_err(e)?;
-        return Ok(Doc::Aggregated(list.items));
+        return Ok(Doc::Aggregated(Rc::new(list.items), None));
     }
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     match segments.as_slice() {

@@ -1469,3 +1469,49 @@ fn lease_mode_before_the_first_lease_list_membership_is_unknown() {
         Decision::Local(LocalReason::NotServedAnywhere)
     );
 }
+
+/// A server that answers with the ETag of a document another server already sent gets that
+/// document, shared, without a second parse (apiservers hash what they send; during an upgrade
+/// most members send the same bytes). Shown by a body that would not even parse: only the ETag
+/// lets it through. A round later, a new ETag is parsed as usual, and an undecodable body fails.
+#[test]
+fn a_document_with_another_servers_etag_is_shared_not_parsed() {
+    let mut f = Fake::default();
+    f.aggregated("local", "/api", core_doc(&["status"]));
+    f.aggregated("local", "/apis", fixture(AGG_133));
+    for peer in ["peer-b", "peer-c"] {
+        f.aggregated(peer, "/api", core_doc(&["status"]));
+    }
+    f.aggregated("peer-b", "/apis", fixture(AGG_137));
+    let b_etag = etag(&fixture(AGG_137));
+    f.docs.insert(
+        ("peer-c".into(), "/apis".into()),
+        Doc {
+            content_type: CONTENT_TYPE_V2.into(),
+            body: b"not json".to_vec(),
+            etag: Some(b_etag.clone()),
+        },
+    );
+    let mut s = Syncer::new(&config());
+    let r = round(&mut s, &f, 0);
+    assert_eq!(
+        r.error_kinds(),
+        Vec::<(&str, &str)>::new(),
+        "peer-c's /apis was shared, not parsed"
+    );
+    let t = r.publish.expect("snapshot").table;
+    let claims = resource_key("resource.k8s.io", "v1", "resourceclaims");
+    assert_eq!(t.keys.get(&claims).copied(), Some(0b110), "both new servers serve it");
+
+    // The same bytes under an ETag nobody else has: parsed, and refused.
+    f.docs.insert(
+        ("peer-c".into(), "/apis".into()),
+        Doc {
+            content_type: CONTENT_TYPE_V2.into(),
+            body: b"not json".to_vec(),
+            etag: Some("\"other\"".into()),
+        },
+    );
+    let r = round(&mut s, &f, 1500);
+    assert_eq!(r.error_kinds(), vec![("peer-c", "decode")]);
+}
