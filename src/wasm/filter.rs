@@ -321,12 +321,12 @@ impl PeerProxy {
 
     /// Response headers of a guarded request: a 404 is judged, from its headers when they settle
     /// it, else while the headers wait for discovery answers (see [`guard`]).
-    fn guard_response_headers(&mut self) -> Action {
+    fn guard_response_headers(&mut self, status: &str) -> Action {
         let Some(g) = self.guard.take() else {
             return Action::Continue;
         };
         let resp = MapType::HttpResponseHeaders;
-        if host::header(resp, ":status").as_deref() != Some("404") {
+        if status != "404" {
             return Action::Continue;
         }
         let table = self.shared.table();
@@ -473,10 +473,10 @@ impl PeerProxy {
 
     /// Response headers of a merged discovery request: on the local server's 200, becomes the
     /// merged document's headers (or a 304 when the client already has it).
-    fn merged_response_headers(&mut self) {
+    fn merged_response_headers(&mut self, status: &str) {
         let Some(m) = self.merged.as_mut() else { return };
         let resp = MapType::HttpResponseHeaders;
-        let status = host::header(resp, ":status").and_then(|s| s.parse().ok()).unwrap_or(0);
+        let status = status.parse().unwrap_or(0);
         let Some(h) = reply::merged_headers(m.doc, &m.table, m.if_none_match.as_deref(), status) else {
             // 401, 403, 406, ...: the local server's verdict stands.
             self.merged = None;
@@ -693,20 +693,24 @@ impl HttpContext for PeerProxy {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        self.merged_response_headers();
-        self.rerouted_response_headers();
-        self.guard_response_headers()
+        if self.merged.is_none() && self.rerouted.is_none() && self.guard.is_none() {
+            return Action::Continue;
+        }
+        // One read of the status for all three (a host call costs about a microsecond).
+        let status = host::header(MapType::HttpResponseHeaders, ":status").unwrap_or_default();
+        self.merged_response_headers(&status);
+        self.rerouted_response_headers(&status);
+        self.guard_response_headers(&status)
     }
 }
 
 impl PeerProxy {
-    fn rerouted_response_headers(&mut self) {
+    fn rerouted_response_headers(&mut self, code: &str) {
         let Some((gvr, target)) = self.rerouted.take() else {
             return;
         };
-        let code = host::header(MapType::HttpResponseHeaders, ":status").unwrap_or_default();
         let labels = [
-            ("code", code.as_str()),
+            ("code", code),
             ("group", gvr.group.as_str()),
             ("version", gvr.version.as_str()),
             ("resource", gvr.resource.as_str()),
@@ -714,7 +718,7 @@ impl PeerProxy {
         self.inc(metrics::REROUTED, &labels);
         // A reply Envoy made itself (connect failure, timeout) means the peer was not reached.
         // Envoy's own replies are 5xx, so an answer below 500 needs no property read.
-        let upstream = if reply::maybe_envoy_reply(&code) {
+        let upstream = if reply::maybe_envoy_reply(code) {
             reply::upstream(&host::property(&["response", "code_details"]).unwrap_or_default())
         } else {
             Upstream::Answered

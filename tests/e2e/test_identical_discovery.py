@@ -122,6 +122,7 @@ def test_a_merged_document_over_the_whole_limit_is_streamed_in_pieces_byte_ident
         (body, etag), = got["a"]
         assert got["b"] == got["c"] == got["a"]
         assert len(body) > 1 << 20, len(body)
+        print(f"merged /apis: {len(body):,} bytes in {-(-len(body) // (256 << 10))} pieces")
         assert etag == fnv128_etag(body), "the streamed body is not the published document"
         groups = {g["metadata"].get("name", "") for g in json.loads(body)["items"]}
         assert {"a000.example.com", "a149.example.com", "b000.example.com", "b149.example.com",
