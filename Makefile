@@ -110,6 +110,15 @@ e2e-k8s-skew: build k8s-build-skew
 compare-mvp: build k8s-build
 	$(PY) scripts/k8s/compare.py $(COMPARE_ARGS)
 
+# The real deployment's hop (docs/benchmarks.md): GET of one ConfigMap straight to a real
+# kube-apiserver vs through Envoy (with the filter, without, with the do-nothing wasm filter, and with
+# the tuning variants), one keep-alive HTTPS connection; writes target/hop/results.md. About 10 min.
+HOP_ARGS ?= --rounds 3 --paired 3
+.PHONY: hop
+hop: build k8s-build
+	cd bench/noop && cargo build --release --target wasm32-wasip1 --target-dir ../../target/bench-noop
+	$(PY) scripts/k8s/hop.py $(HOP_ARGS)
+
 # ---- Rolling-upgrade simulation ----------------------------------------------------------------
 # Three fake apiservers behind three Envoys and a front LB, upgraded old → new one at a time under load; the
 # same schedule with and without the filter; prints the comparison table (python/kpp/sim/upgrade_sim.py).

@@ -14,7 +14,7 @@ fi
 # The same build as make build, but keeping the name section (strip = false), in its own target dir.
 CARGO_PROFILE_RELEASE_STRIP=false cargo build --release --target wasm32-wasip1 --target-dir target/size >&2
 named=target/size/named.wasm
-wasm-opt -Oz -g --strip-dwarf --enable-bulk-memory --enable-sign-ext --enable-mutable-globals \
+wasm-opt -Oz -fimfs=0 --one-caller-inline-max-function-size=0 -g --strip-dwarf --enable-bulk-memory --enable-sign-ext --enable-mutable-globals \
     --enable-nontrapping-float-to-int --enable-reference-types --enable-multivalue \
     target/size/wasm32-wasip1/release/kube_peer_proxy.wasm -o "$named"
 "$TWIGGY" top -n 1000000 -f csv "$named" > target/size/top.csv
@@ -43,7 +43,7 @@ for r in rows:
 raw = Path("target/wasm32-wasip1/release/kube_peer_proxy.wasm")
 opt = Path("target/kube_peer_proxy.wasm")
 print(f"`make build`: cargo's release build `{raw}` {raw.stat().st_size:,} bytes (opt-level z, LTO, one codegen "
-      f"unit, panic=abort, stripped); after `scripts/wasm-opt.sh` (`wasm-opt -Oz`) `{opt}` "
+      f"unit, panic=abort, stripped); after `scripts/wasm-opt.sh` (`wasm-opt -Oz`, inlining off) `{opt}` "
       f"**{opt.stat().st_size:,} bytes**. By crate (twiggy 0.8 on the same build with function names kept, "
       f"after the same wasm-opt; sizes of the code and data, names excluded):")
 noop = Path("target/size/noop.opt.wasm").stat().st_size

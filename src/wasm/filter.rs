@@ -82,13 +82,7 @@ impl Shared {
     pub fn on_tick(&self) {
         self.cache.borrow_mut().timer = true;
         let table = self.refresh();
-        let mut down = 0u64;
-        for (i, server) in table.iter().flat_map(|t| t.servers.iter()).enumerate() {
-            if host::shared_u64(&snapshot::down_key(server.target())).is_some_and(|t| t != 0) {
-                down |= 1u64.checked_shl(u32::try_from(i).unwrap_or(u32::MAX)).unwrap_or(0);
-            }
-        }
-        self.cache.borrow_mut().down = down;
+        self.cache.borrow_mut().down = read_marks(table.as_deref());
     }
 
     fn is_down(&self, index: usize) -> bool {
@@ -145,10 +139,9 @@ impl Shared {
         if let (Some(apis), Some(api), Some(legacy)) =
             (doc(MergedDoc::Apis), doc(MergedDoc::Api), doc(MergedDoc::ApisLegacy))
         {
-            if cache.table.as_ref().map(|t| &t.servers) != Some(&table.servers) {
-                // Bits are positions in the server list: the next tick re-reads the marks.
-                cache.down = 0;
-            }
+            // A new snapshot usually follows a member's change of health (the service clears a
+            // recovered member's mark before it publishes): read the marks with it.
+            cache.down = read_marks(Some(&table));
             cache.generation = Some(table.generation);
             cache.table = Some(Rc::new(table));
             cache.docs = [apis, api, legacy];
@@ -156,7 +149,8 @@ impl Shared {
         cache.table.clone()
     }
 
-    /// The body of a merged answer for `table`: this VM's copy, or where its pieces are.
+    /// The body of a merged answer for `table` (the cached one): this VM's copy, or where its
+    /// pieces are.
     fn merged(&self, doc: MergedDoc, table: &Table) -> Body {
         let (key, index) = reply::merged_source(doc);
         let cache = self.cache.borrow();
@@ -197,6 +191,17 @@ fn assert_client_identity(names: &identity::RequestHeaderNames) -> Result<(), St
         }
     }
     Ok(())
+}
+
+/// The passive-health marks of `table`'s servers, as table bits (see [`snapshot::down_key`]).
+fn read_marks(table: Option<&Table>) -> u64 {
+    let mut down = 0u64;
+    for (i, server) in table.iter().flat_map(|t| t.servers.iter()).enumerate() {
+        if host::shared_u64(&snapshot::down_key(server.target())).is_some_and(|t| t != 0) {
+            down |= 1u64.checked_shl(u32::try_from(i).unwrap_or(u32::MAX)).unwrap_or(0);
+        }
+    }
+    down
 }
 
 pub struct PeerProxy {
@@ -253,6 +258,9 @@ impl Asking {
 struct MergedReply {
     doc: MergedDoc,
     table: Rc<Table>,
+    /// The document of `table`'s generation, taken with it: the VM may load a newer snapshot
+    /// before the local server answers, and the body must match the ETag sent.
+    source: Body,
     if_none_match: Option<String>,
     /// Headers were rewritten; the local body is being swapped for `body`.
     body: Option<Body>,
@@ -485,7 +493,7 @@ impl PeerProxy {
         m.body = Some(if h.status == 304 {
             Body::Whole(Rc::new(Vec::new()))
         } else {
-            self.shared.merged(m.doc, &m.table)
+            m.source.clone()
         });
         host::set_header(resp, "content-length", None);
         host::set_header(resp, "content-type", Some(h.content_type));
@@ -627,9 +635,11 @@ impl HttpContext for PeerProxy {
                     if if_none_match.is_some() {
                         host::set_header(req, "if-none-match", None);
                     }
+                    let source = self.shared.merged(doc, &table);
                     self.merged = Some(MergedReply {
                         doc,
                         table,
+                        source,
                         if_none_match,
                         body: None,
                     });

@@ -80,6 +80,9 @@ impl Service {
         };
         let now = host::now_ms();
         let step = self.syncer.on_response(id, outcome, now);
+        // Before a snapshot that shows the member healthy is published, so a worker that loads it
+        // reads the cleared mark with it.
+        self.clear_recovered_down_marks();
         self.handle(step, now);
         // A round may just have ended: the gauges should not wait for the next tick.
         self.export_gauges(now);
