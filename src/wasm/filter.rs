@@ -70,9 +70,9 @@ impl Shared {
         usize::try_from(r % n.max(1) as u64).unwrap_or(0)
     }
 
-    /// The table a request routes with. A request reads only the small generation key (about
-    /// 1.4 µs, `make bench`'s probes) so a new snapshot, e.g. one that marks a member unreachable,
-    /// is used from the next request on; the worker's timer usually has it decoded already.
+    /// The table a request routes with. A request reads only the small generation key (about a
+    /// microsecond, `make bench`'s probes) so a new snapshot, e.g. one that marks a member
+    /// unreachable, is used from the next request on; the worker's timer usually has it decoded.
     pub fn table(&self) -> Option<Rc<Table>> {
         self.refresh()
     }
