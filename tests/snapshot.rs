@@ -328,3 +328,25 @@ fn tag_in_place_round_trips_without_a_second_buffer() {
         assert_eq!(untag(generation.wrapping_add(1), d), None);
     }
 }
+
+#[test]
+fn a_large_document_is_cut_into_pieces_that_cover_it_exactly() {
+    use kube_peer_proxy::snapshot::{chunk_count, chunk_key, chunks, is_chunked, CHUNK, WHOLE_LIMIT};
+    assert!(!is_chunked(WHOLE_LIMIT as u64) && is_chunked(WHOLE_LIMIT as u64 + 1) && !is_chunked(0));
+    for len in [WHOLE_LIMIT + 1, 3 * CHUNK, 3 * CHUNK + 1, 10 * CHUNK - 7] {
+        let doc: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        let pieces = chunks("k", 7, &doc);
+        assert_eq!(pieces.len(), chunk_count(len as u64), "{len}");
+        let mut joined = Vec::new();
+        for (i, (key, range)) in pieces.iter().enumerate() {
+            assert_eq!(key, &chunk_key("k", 7, i));
+            assert!(range.len() <= CHUNK && !range.is_empty());
+            joined.extend_from_slice(&doc[range.clone()]);
+        }
+        assert_eq!(joined, doc, "{len}");
+    }
+    // Two slots by generation parity: the next generation does not overwrite this one's pieces,
+    // the one after does.
+    assert_ne!(chunk_key("k", 7, 0), chunk_key("k", 8, 0));
+    assert_eq!(chunk_key("k", 7, 0), chunk_key("k", 9, 0));
+}
