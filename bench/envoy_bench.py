@@ -1,25 +1,27 @@
 #!/usr/bin/env python3
 """Envoy-in-the-loop benchmark of the filter: CPU per request, throughput, latency and memory.
 
-    .venv/bin/python bench/envoy_bench.py [--duration 10] [--repeat 3] [--out target/bench/envoy.md]
-                                          [--only a,b,c,d,e1,e2,idle]
+    .venv/bin/python bench/envoy_bench.py [--duration 10] [--repeat 5] [--out target/bench/envoy.md]
+                                          [--before <git ref>] [--no-probes] [--only a,a',b,...,idle]
 
-Topology (all on 127.0.0.1, every Envoy launched through tests/e2e/harness.py, i.e. func-e):
+Topology (all on 127.0.0.1, every Envoy launched through kpp.harness, i.e. func-e):
 
-    wrk ──► Envoy under test (envoy/render.py bootstrap, with or without the filter)
-                 │ local            │ peer-b, peer-c
-                 ▼                  ▼
+    wrk / h2load ──► Envoy under test (kpp.render bootstrap: no filter, bench/noop's do-nothing
+                     │ local      │ peer-b, peer-c       filter, this filter, or the --before build)
+                     ▼            ▼
             "apiservers": one upstream Envoy answering with `direct_response` only
             (old = 1.33 discovery, new = 1.37-dev discovery; /api 404; anything else a small JSON)
 
 The upstream Envoy is as cheap as an HTTP server gets, so the Envoy under test dominates; its CPU
-(utime + stime of its process tree from /proc, over the measured wrk run) divided by the requests
-wrk completed is the number the design's "Per-request cost budget" talks about.
+(utime + stime of its process tree from /proc, over the measured run) divided by the requests
+completed is the number docs/benchmarks.md's goals are about, shown against plain Envoy and against
+the do-nothing wasm filter (the floor). `t-` scenarios use TLS + HTTP/2 from the client (h2load),
+`p-` scenarios price single host calls, and each Envoy's wasm memories are read from its smaps.
 
 The upstream honours If-None-Match with a 304 like a real apiserver. Load scenarios use a 30 min
-refresh interval so the table does not change (and the discovery service does not run) while wrk
-runs: they measure the request path alone. The idle scenarios measure the discovery service itself
-at the renderer's default refresh interval, with nobody sending requests.
+refresh interval so the table does not change (and the discovery service does not run) while the
+load runs: they measure the request path alone. The idle scenarios measure the discovery service
+itself at the renderer's default refresh interval, with nobody sending requests.
 
 Writes a markdown report (--out) and prints it; exits non-zero if a scenario misbehaves (a request
 that does not reach the expected server, non-2xx answers under load).
