@@ -1,7 +1,7 @@
 //! Metric names, after upstream's `peerproxy/metrics` (prefixed `kube_peer_proxy_` instead of
 //! `apiserver_`). Envoy stats have no labels, so label values are encoded in the stat name as
 //! `;label=value` and turned back into Prometheus labels by the bootstrap's `stats_tags`
-//! (see `envoy/render.py`).
+//! (see `python/kpp/render.py`).
 
 pub const REROUTED: &str = "kube_peer_proxy_rerouted_request_total";
 pub const PROXY_ERRORS: &str = "kube_peer_proxy_peer_proxy_errors_total";

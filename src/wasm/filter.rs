@@ -24,7 +24,7 @@ use crate::snapshot::{self, Table};
 use crate::status;
 
 /// Set on the 503s the filter answers itself, which already are `Status` documents, so Envoy's
-/// local-reply mapper leaves them alone (see `envoy/render.py`).
+/// local-reply mapper leaves them alone (see `python/kpp/render.py`).
 const FILTER_REPLY_HEADER: &str = "x-kube-peer-proxy-reply";
 
 /// Per-VM state shared by every request on this worker.
