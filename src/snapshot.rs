@@ -172,7 +172,8 @@ pub fn unknown_key(group: &str, version: &str) -> String {
     }
 }
 
-fn bit(i: usize) -> u64 {
+/// The bit of `servers[i]` in a table's bit sets (0 past [`MAX_SERVERS`]).
+pub fn bit(i: usize) -> u64 {
     1u64.checked_shl(u32::try_from(i).unwrap_or(u32::MAX)).unwrap_or(0)
 }
 

@@ -104,14 +104,19 @@ def v_reuse(b, ctx):
     return b
 
 
-def v_nofilter(b, ctx):
-    """Plain Envoy: render with with_filter=False, same downstream TLS, no access log (compare with 3)."""
+def _rerendered(b, ctx, **kw):
+    """A fresh bootstrap for the same apiserver, with Front's downstream TLS copied from `b`."""
     p = json.loads(render.render_bootstrap(
         node="a", listen_port=ctx["listen"], admin_port=ctx["admin"], local=("127.0.0.1", ctx["port"]), peers=[],
-        wasm_path=str(harness.wasm_path()), with_filter=False, upstream_tls_sni=ctx["sni"], upstream_ca=ctx["ca"]))
+        upstream_tls_sni=ctx["sni"], upstream_ca=ctx["ca"], **kw))
     p["static_resources"]["listeners"][0]["filter_chains"][0]["transport_socket"] = \
         b["static_resources"]["listeners"][0]["filter_chains"][0]["transport_socket"]
     return p
+
+
+def v_nofilter(b, ctx):
+    """Plain Envoy: render with with_filter=False, same downstream TLS, no access log (compare with 3)."""
+    return _rerendered(b, ctx, wasm_path=str(harness.wasm_path()), with_filter=False)
 
 
 def v_nofilter_plain_down(b, ctx):
@@ -124,13 +129,8 @@ def v_nofilter_plain_down(b, ctx):
 def v_floor(b, ctx):
     """6 with the do-nothing wasm filter of bench/noop (reads `:path`, continues): what any wasm filter
     costs here, so 3 − 9 is this filter's own logic."""
-    p = json.loads(render.render_bootstrap(
-        node="a", listen_port=ctx["listen"], admin_port=ctx["admin"], local=("127.0.0.1", ctx["port"]), peers=[],
-        wasm_path=str(NOOP_WASM), with_filter=True, filter_plugin="path", upstream_tls_sni=ctx["sni"],
-        upstream_ca=ctx["ca"]))
+    p = _rerendered(b, ctx, wasm_path=str(NOOP_WASM), with_filter=True, filter_plugin="path")
     p.pop("bootstrap_extensions", None)
-    p["static_resources"]["listeners"][0]["filter_chains"][0]["transport_socket"] = \
-        b["static_resources"]["listeners"][0]["filter_chains"][0]["transport_socket"]
     return p
 
 

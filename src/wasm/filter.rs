@@ -86,7 +86,7 @@ impl Shared {
     }
 
     fn is_down(&self, index: usize) -> bool {
-        let bit = 1u64.checked_shl(u32::try_from(index).unwrap_or(u32::MAX)).unwrap_or(0);
+        let bit = snapshot::bit(index);
         let cache = self.cache.borrow();
         if cache.timer {
             return cache.down & bit != 0;
@@ -106,7 +106,7 @@ impl Shared {
             .as_ref()
             .and_then(|t| t.servers.iter().position(|s| s.target() == target))
         {
-            cache.down |= 1u64.checked_shl(u32::try_from(i).unwrap_or(u32::MAX)).unwrap_or(0);
+            cache.down |= snapshot::bit(i);
         }
     }
 
@@ -198,7 +198,7 @@ fn read_marks(table: Option<&Table>) -> u64 {
     let mut down = 0u64;
     for (i, server) in table.iter().flat_map(|t| t.servers.iter()).enumerate() {
         if host::shared_u64(&snapshot::down_key(server.target())).is_some_and(|t| t != 0) {
-            down |= 1u64.checked_shl(u32::try_from(i).unwrap_or(u32::MAX)).unwrap_or(0);
+            down |= snapshot::bit(i);
         }
     }
     down
@@ -354,8 +354,7 @@ impl PeerProxy {
                 .servers
                 .iter()
                 .position(|s| s.cluster == g.cluster && s.address == g.address)
-                .and_then(|i| 1u64.checked_shl(u32::try_from(i).unwrap_or(u32::MAX)))
-                .unwrap_or(0);
+                .map_or(0, snapshot::bit);
             t.servers_for(&question.table_key()) & bit != 0
         });
         let mut asking = Asking {

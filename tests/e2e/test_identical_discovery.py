@@ -27,20 +27,26 @@ def c_apis() -> dict:
     return doc
 
 
+def start_nodes(envoys, servers: dict, snapshot_timeout: float) -> dict[str, int]:
+    """One Envoy in front of each server, the other servers as its peers; their listen ports."""
+    ports = {}
+    for node, inst in servers.items():
+        port, admin = harness.free_port(), harness.free_port()
+        peers = [(n, "127.0.0.1", s.port) for n, s in servers.items() if n != node]
+        yaml = render.render_bootstrap(node=node, listen_port=port, admin_port=admin,
+                                       local=("127.0.0.1", inst.port), peers=peers,
+                                       wasm_path=str(harness.wasm_path()), plugin=dict(FAST))
+        envoys.start(yaml, node, admin).wait_snapshot(snapshot_timeout)
+        ports[node] = port
+    return ports
+
+
 def test_merged_discovery_is_byte_identical_on_every_node(envoys):
     cluster = Cluster()
     try:
         servers = {"a": cluster.start("a", apiset="old"), "b": cluster.start("b", apiset="new"),
                    "c": cluster.start("c", apiset={"apis": c_apis(), "minor": "37", "name": "new-c"})}
-        ports = {}
-        for node, inst in servers.items():
-            port, admin = harness.free_port(), harness.free_port()
-            peers = [(n, "127.0.0.1", s.port) for n, s in servers.items() if n != node]
-            yaml = render.render_bootstrap(node=node, listen_port=port, admin_port=admin,
-                                           local=("127.0.0.1", inst.port), peers=peers,
-                                           wasm_path=str(harness.wasm_path()), plugin=dict(FAST))
-            envoys.start(yaml, node, admin).wait_snapshot(20)
-            ports[node] = port
+        ports = start_nodes(envoys, servers, 20)
         bodies = {}
         for label, (path, accept) in DOCS.items():
             for node, port in ports.items():
@@ -103,15 +109,7 @@ def test_a_merged_document_over_the_whole_limit_is_streamed_in_pieces_byte_ident
         servers = {"a": cluster.start("a", apiset={"apis": with_crds("old", "a", 150), "minor": "33", "name": "big-a"}),
                    "b": cluster.start("b", apiset={"apis": with_crds("new", "b", 150), "minor": "37", "name": "big-b"}),
                    "c": cluster.start("c", apiset={"apis": with_crds("new", "b", 150), "minor": "37", "name": "big-c"})}
-        ports = {}
-        for node, inst in servers.items():
-            port, admin = harness.free_port(), harness.free_port()
-            peers = [(n, "127.0.0.1", s.port) for n, s in servers.items() if n != node]
-            yaml = render.render_bootstrap(node=node, listen_port=port, admin_port=admin,
-                                           local=("127.0.0.1", inst.port), peers=peers,
-                                           wasm_path=str(harness.wasm_path()), plugin=dict(FAST))
-            envoys.start(yaml, node, admin).wait_snapshot(30)
-            ports[node] = port
+        ports = start_nodes(envoys, servers, 30)
         got = {}
         for node, port in ports.items():
             for _ in range(3):  # both workers, and the same answer again
