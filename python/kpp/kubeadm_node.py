@@ -50,7 +50,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kpp import harness, render
+from kpp import harness, pki_reload, render
 from kpp.cluster import AUDIT_POLICY, CACHE, DEFAULT_VERSION, ETCD_VERSION, Proc, binary, free_port, wait_for
 
 ROOT = harness.ROOT
@@ -285,6 +285,7 @@ class KubeadmNode:
     extra_flags: dict = field(default_factory=dict)
     apiserver_proc: Proc | None = None
     envoy: "harness.Envoy | None" = None
+    pki_reload: Proc | None = None
     admin_port: int = 0
     kubeadm_command: list = field(default_factory=list)
     envoy_yaml: str = ""
@@ -478,16 +479,30 @@ class KubeadmNode:
         except TimeoutError as e:
             raise TimeoutError(f"{e}\n--- log tail ---\n{self.apiserver_proc.log_tail()}") from None
 
+    @property
+    def sds_dir(self) -> Path:
+        return self.workdir / "sds"
+
+    @property
+    def reload_dir(self) -> Path:
+        return self.workdir / "reload"
+
     def render_envoy(self, peers: list["KubeadmNode"], wasm: Path, **overrides) -> str:
+        """The node's bootstrap; its SDS secret files (naming this node's PKI) are written too."""
+        render.write_kubeadm_sds(self.sds_dir, self.pki, self.reload_dir)
         kw = dict(node=self.name, node_ip=self.node_ip, apiserver=(self.apiserver_ip, APISERVER_PORT),
-                  pki=str(self.pki), wasm_path=str(wasm), peers=[(p.name, p.node_ip) for p in peers],
+                  wasm_path=str(wasm), peers=[(p.name, p.node_ip) for p in peers],
                   admin_port=self.admin_port, port=APISERVER_PORT, peer_port=PEER_PORT,
-                  access_log=str(self.access_log))
+                  access_log=str(self.access_log), sds_dir=str(self.sds_dir))
         kw.update(overrides)
         return render.render_kubeadm(**kw)
 
     def start_envoy(self, peers: list["KubeadmNode"], wasm: Path):
+        """Envoy and, beside it as in the static pod, the pki-reload loop (renewed PKI files reload)."""
         self.admin_port = self.admin_port or free_port()
+        if self.pki_reload is None:
+            self.pki_reload = pki_reload.start(self.pki, self.reload_dir, self.workdir / "pki-reload.log",
+                                               f"pki-reload-{self.name}")
         self.envoy_yaml = self.render_envoy(peers, wasm)
         self.envoy = harness.Envoy(self.envoy_yaml, f"kubeadm-{self.name}", self.admin_port,
                                    workdir=self.workdir / "envoy", log_level="info",
@@ -498,6 +513,9 @@ class KubeadmNode:
     def stop(self):
         if self.envoy:
             self.envoy.stop()
+        if self.pki_reload:
+            self.pki_reload.stop()
+            self.pki_reload = None
         if self.apiserver_proc:
             self.apiserver_proc.stop()
 

@@ -30,6 +30,16 @@ DISCOVERY_ROOT_ID = "kube-peer-proxy-discovery"
 # Label names encoded as `;name=value` in our stat names (src/metrics.rs LABELS).
 LABELS = ["code", "group", "version", "resource", "type", "server", "doc"]
 
+# The health paths a load balancer checks (docs/deploy.md "Load balancer"): `/healthz` (kubeadm's HA
+# guide checks it) and `/readyz`, with any query, never their sub-checks. Envoy's health_check filter
+# answers them 503 once Envoy is failed for health checks (admin /healthcheck/fail: the static pod's
+# termination), the filter answers them 503 before its first discovery snapshot (src/health.rs: the
+# same paths), otherwise they reach the local apiserver. `/livez` is always forwarded.
+HEALTH_PATH_REGEX = r"^/(healthz|readyz)(\?.*)?$"
+# An HTTP/1.0 request without a Host header (HAProxy's `http-check send meth GET uri /healthz`) gets
+# this authority, so it routes like any other request; kube-apiserver does not look at it.
+HTTP10_DEFAULT_HOST = "kubernetes.default.svc"
+
 # Defaults for the demo and tests; envoy/README.md documents every field.
 DEFAULT_PLUGIN = {
     "refresh_interval": "2s",
@@ -126,7 +136,12 @@ def render_bootstrap(*, node, listen_port, admin_port, local, peers, wasm_path, 
             "details": {"retryAfterSeconds": retry_after}}},
     }
     cfg = json.dumps(plugin_cfg, separators=(",", ":"))
-    http_filters = []
+    # First, so that a health check of a draining Envoy is answered 503 before anything else runs;
+    # pass-through: otherwise the request goes on (to the filter, then the local apiserver).
+    http_filters = [{"name": "envoy.filters.http.health_check", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.health_check.v3.HealthCheck",
+        "pass_through_mode": True,
+        "headers": [{"name": ":path", "string_match": {"safe_regex": {"regex": HEALTH_PATH_REGEX}}}]}}]
     if with_filter:
         wasm = _wasm_config("kube-peer-proxy", FILTER_ROOT_ID,
                             filter_plugin if filter_plugin is not None else cfg, wasm_path)
@@ -140,6 +155,9 @@ def render_bootstrap(*, node, listen_port, admin_port, local, peers, wasm_path, 
         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "apiserver",
         "codec_type": "AUTO",
+        # HTTP/1.0 as kube-apiserver accepts it (load balancers' health checks speak it); Envoy's
+        # default answers it 426. The header stripping and routing below do not depend on the version.
+        "http_protocol_options": {"accept_http_10": True, "default_host_for_http_10": HTTP10_DEFAULT_HOST},
         # The apiserver sees exactly the path the client sent, as it would without Envoy, so the
         # filter's RequestInfo and the apiserver's agree (no normalization, no slash merging).
         "normalize_path": False,
@@ -230,28 +248,76 @@ ANON_SUFFIX = "-anon"
 KUBEADM_SNI = "kubernetes.default.svc"
 
 
-def _tls_upstream(pki, sni=KUBEADM_SNI):
+# Renewed PKI files are picked up while Envoy runs (docs/deploy.md "Certificate renewal"). Every PKI
+# file reaches Envoy as a file-based SDS secret (static secrets are never re-read). Envoy re-reads an
+# SDS secret's files only when something is renamed into its watched directory, and kubeadm (like cp)
+# rewrites them in place, so the static pod's pki-reload container renames a marker into RELOAD_DIR
+# whenever a PKI file changes (deploy/static-pod.yaml). Envoy then loads the new set if it is whole
+# and consistent, and otherwise keeps the last good one and counts sds.<secret>.key_rotation_failed.
+KUBEADM_DIR = "/etc/kubernetes/kube-peer-proxy"
+KUBEADM_SDS_DIR = f"{KUBEADM_DIR}/sds"
+RELOAD_DIR = "/run/kube-peer-proxy/reload"
+SECRET_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
+# secret name -> the PKI files it is made of (the pki-reload container watches exactly these).
+KUBEADM_SECRETS = {
+    "serving": ("apiserver.crt", "apiserver.key"),
+    "front-proxy-client": ("front-proxy-client.crt", "front-proxy-client.key"),
+    "cluster-ca": ("ca.crt",),
+    "front-proxy-ca": ("front-proxy-ca.crt",),
+}
+
+
+def kubeadm_sds_files(pki, reload_dir=RELOAD_DIR):
+    """{file name: text} of the SDS secret files the kubeadm bootstrap reads (one secret a file:
+    Envoy's filesystem SDS takes exactly one resource per file)."""
+    watch = {"watched_directory": {"path": str(reload_dir)}}
+    bodies = {}
+    for name, files in KUBEADM_SECRETS.items():
+        if len(files) == 2:
+            body = {"tls_certificate": {"certificate_chain": {"filename": f"{pki}/{files[0]}"},
+                                        "private_key": {"filename": f"{pki}/{files[1]}"}, **watch}}
+        else:
+            body = {"validation_context": {"trusted_ca": {"filename": f"{pki}/{files[0]}"}, **watch}}
+        bodies[f"{name}.yaml"] = json.dumps(
+            {"resources": [{"@type": SECRET_TYPE, "name": name, **body}]}, indent=2) + "\n"
+    return bodies
+
+
+def write_kubeadm_sds(sds_dir, pki, reload_dir=RELOAD_DIR):
+    import pathlib
+    d = pathlib.Path(sds_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    for name, text in kubeadm_sds_files(pki, reload_dir).items():
+        (d / name).write_text(text)
+    return d
+
+
+def _sds(name, sds_dir):
+    return {"name": name, "sds_config": {"path_config_source": {"path": f"{sds_dir}/{name}.yaml"},
+                                         "resource_api_version": "V3"}}
+
+
+def _tls_upstream(sds_dir, sni=KUBEADM_SNI, client_certificate=True):
     """Upstream TLS: the apiserver's certificate verified (cluster CA + a SAN every kubeadm apiserver
-    certificate has), and the front-proxy client certificate presented."""
+    certificate has), and the front-proxy client certificate presented (unless certless)."""
+    ctx = {"combined_validation_context": {
+        "default_validation_context": {
+            "match_typed_subject_alt_names": [{"san_type": "DNS", "matcher": {"exact": sni}}]},
+        "validation_context_sds_secret_config": _sds("cluster-ca", sds_dir)}}
+    if client_certificate:
+        ctx["tls_certificate_sds_secret_configs"] = [_sds("front-proxy-client", sds_dir)]
     return {"name": "envoy.transport_sockets.tls", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
-        "sni": sni,
-        "common_tls_context": {
-            "tls_certificates": [{"certificate_chain": {"filename": f"{pki}/front-proxy-client.crt"},
-                                  "private_key": {"filename": f"{pki}/front-proxy-client.key"}}],
-            "validation_context": {
-                "trusted_ca": {"filename": f"{pki}/ca.crt"},
-                "match_typed_subject_alt_names": [{"san_type": "DNS", "matcher": {"exact": sni}}]}}}}
+        "sni": sni, "common_tls_context": ctx}}
 
 
-def _tls_downstream(pki, client_ca, require_client_certificate):
+def _tls_downstream(sds_dir, client_ca_secret, require_client_certificate):
     return {"name": "envoy.transport_sockets.tls", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
         "require_client_certificate": require_client_certificate,
         "common_tls_context": {
-            "tls_certificates": [{"certificate_chain": {"filename": f"{pki}/apiserver.crt"},
-                                  "private_key": {"filename": f"{pki}/apiserver.key"}}],
-            "validation_context": {"trusted_ca": {"filename": client_ca}},
+            "tls_certificate_sds_secret_configs": [_sds("serving", sds_dir)],
+            "validation_context_sds_secret_config": _sds(client_ca_secret, sds_dir),
             "alpn_protocols": ["h2", "http/1.1"]}}}
 
 
@@ -277,13 +343,14 @@ def _access_log(path):
             "user": "%REQ(X-REMOTE-USER)%", "duration_ms": "%DURATION%"}}}}]
 
 
-def render_kubeadm(*, node, node_ip, apiserver, pki, wasm_path, peers=None, leases=None, admin_port=9901,
+def render_kubeadm(*, node, node_ip, apiserver, wasm_path, peers=None, leases=None, admin_port=9901,
                    port=6443, peer_port=6444, access_log=None, requestheader=None, plugin=None,
-                   peer_allowed_names=("front-proxy-client",)):
+                   peer_allowed_names=("front-proxy-client",), sds_dir=KUBEADM_SDS_DIR):
     """The bootstrap of one kubeadm control-plane node (JSON text).
 
     apiserver: (host, port) the local kube-apiserver now binds (127.0.0.1:6443 on a real node);
-    pki: a kubeadm PKI directory (/etc/kubernetes/pki); peers: [(name, node_ip)] of the other
+    sds_dir: where the node's SDS secret files are (write_kubeadm_sds writes them; they name the
+    kubeadm PKI files, /etc/kubernetes/pki on a real node); peers: [(name, node_ip)] of the other
     control-plane nodes, reached at their peer listener, or leases: lease mode (the peers' identity
     leases advertise <node-ip>:<peer-port>, e.g. --peer-advertise-ip/--peer-advertise-port).
     """
@@ -300,7 +367,7 @@ def render_kubeadm(*, node, node_ip, apiserver, pki, wasm_path, peers=None, leas
     b = json.loads(text)
     clusters = b["static_resources"]["clusters"]
     for c in clusters:
-        c["transport_socket"] = _tls_upstream(pki)
+        c["transport_socket"] = _tls_upstream(sds_dir)
     # The local apiserver's certless twin: a request the proxy asserts no identity for (a bearer
     # token, or anonymous) must reach it without the front-proxy certificate, else its x509
     # authenticator fails on that certificate and an anonymous request gets 401 instead of being
@@ -308,11 +375,11 @@ def render_kubeadm(*, node, node_ip, apiserver, pki, wasm_path, peers=None, leas
     # makes the same choice for its own apiserver.
     twin = json.loads(json.dumps(next(c for c in clusters if c["name"] == "local")))
     twin["name"] = twin["load_assignment"]["cluster_name"] = "local" + ANON_SUFFIX
-    del twin["transport_socket"]["typed_config"]["common_tls_context"]["tls_certificates"]
+    twin["transport_socket"] = _tls_upstream(sds_dir, client_certificate=False)
     clusters.append(twin)
     listener = b["static_resources"]["listeners"][0]
     chain = listener["filter_chains"][0]
-    chain["transport_socket"] = _tls_downstream(pki, f"{pki}/ca.crt", False)
+    chain["transport_socket"] = _tls_downstream(sds_dir, "cluster-ca", False)
     hcm = chain["filters"][0]["typed_config"]
     identity = rh["username_headers"] + rh["uid_headers"] + rh["group_headers"]
     hcm["early_header_mutation_extensions"] = _strip_headers(
@@ -357,7 +424,7 @@ def render_kubeadm(*, node, node_ip, apiserver, pki, wasm_path, peers=None, leas
     b["static_resources"]["listeners"].append({
         "name": "peers",
         "address": {"socket_address": {"address": node_ip, "port_value": peer_port}},
-        "filter_chains": [{"transport_socket": _tls_downstream(pki, f"{pki}/front-proxy-ca.crt", True),
+        "filter_chains": [{"transport_socket": _tls_downstream(sds_dir, "front-proxy-ca", True),
                            "filters": [{"name": "envoy.filters.network.http_connection_manager",
                                         "typed_config": peer_hcm}]}]})
     return json.dumps(b, indent=2) + "\n"
@@ -434,14 +501,22 @@ def _main_kubeadm(argv):
     p.add_argument("--wasm", required=True)
     p.add_argument("--admin-port", type=int, default=9901)
     p.add_argument("--access-log", default=None)
+    p.add_argument("--sds-dir", default=KUBEADM_SDS_DIR,
+                   help="where the bootstrap reads its TLS secrets (SDS files naming the PKI files)")
+    p.add_argument("--write-sds", action="store_true",
+                   help="also write the SDS files into --sds-dir (on the node; they name PKI_DIR's files)")
     a = p.parse_args(argv)
     if bool(a.peer) == bool(a.lease_local_hostname):
         p.error("give --peer for each other node, or --lease-local-hostname (lease mode)")
-    sys.stdout.write(render_kubeadm(
-        node=a.node, node_ip=a.node_ip, apiserver=_hostport(a.apiserver), pki=a.kubeadm, wasm_path=a.wasm,
+    text = render_kubeadm(
+        node=a.node, node_ip=a.node_ip, apiserver=_hostport(a.apiserver), wasm_path=a.wasm,
         peers=[tuple(x.split("=", 1)) for x in a.peer] or None,
         leases={"local_hostname": a.lease_local_hostname} if a.lease_local_hostname else None,
-        admin_port=a.admin_port, access_log=a.access_log))
+        admin_port=a.admin_port, access_log=a.access_log, sds_dir=a.sds_dir)
+    if a.write_sds:
+        d = write_kubeadm_sds(a.sds_dir, a.kubeadm)
+        print(f"wrote {len(KUBEADM_SECRETS)} SDS secret files to {d}", file=sys.stderr)
+    sys.stdout.write(text)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import subprocess
 
 import yaml
 
-from kpp import harness, render
+from kpp import harness, pki_reload, render
 from kpp.cluster import DEFAULT_VERSION, ROOT, binary
 
 DEPLOY = ROOT / "deploy"
@@ -64,13 +64,17 @@ def test_manifests_parse_and_the_kubeadm_bootstrap_validates(tmp_path):
     assert kinds == ["Pod", "ClusterRoleBinding", "Role", "RoleBinding"]
     pod = yaml.safe_load((DEPLOY / "static-pod.yaml").read_text())
     assert pod["spec"]["hostNetwork"] is True
+    # the pki-reload container watches exactly the files the SDS secrets name
+    assert sorted(pki_reload.files()) == sorted(f for fs in render.KUBEADM_SECRETS.values() for f in fs)
     assert pod["spec"]["priorityClassName"] == "system-node-critical"
     pki = tmp_path / "pki"
     subprocess.run([str(binary("kubeadm", DEFAULT_VERSION)), "init", "phase", "certs", "all",
                     "--cert-dir", str(pki), "--apiserver-advertise-address", "192.0.2.11"],
                    check=True, capture_output=True, timeout=60)
-    text = render.render_kubeadm(node="cp-1", node_ip="127.0.0.11", apiserver=("127.0.0.1", 6443), pki=str(pki),
-                                 wasm_path=str(harness.wasm_path()), peers=[("cp-2", "127.0.0.12")])
+    sds = render.write_kubeadm_sds(tmp_path / "sds", pki, tmp_path / "reload")
+    (tmp_path / "reload").mkdir()
+    text = render.render_kubeadm(node="cp-1", node_ip="127.0.0.11", apiserver=("127.0.0.1", 6443),
+                                 wasm_path=str(harness.wasm_path()), peers=[("cp-2", "127.0.0.12")], sds_dir=str(sds))
     bootstrap = tmp_path / "envoy.yaml"
     bootstrap.write_text(text)
     r = subprocess.run([str(harness.envoy_binary()), "--mode", "validate", "-c", str(bootstrap)],
@@ -78,12 +82,17 @@ def test_manifests_parse_and_the_kubeadm_bootstrap_validates(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     b = json.loads(text)
     clusters = {c["name"]: c for c in b["static_resources"]["clusters"]}
+    secrets = {f.stem: json.loads(f.read_text())["resources"][0] for f in sds.iterdir()}
+    assert secrets["cluster-ca"]["validation_context"]["trusted_ca"]["filename"] == f"{pki}/ca.crt"
+    assert secrets["front-proxy-client"]["tls_certificate"]["certificate_chain"]["filename"] == \
+        f"{pki}/front-proxy-client.crt"
     for c in clusters.values():
         tls = c["transport_socket"]["typed_config"]["common_tls_context"]
-        assert tls["validation_context"]["trusted_ca"]["filename"].endswith("/ca.crt"), c["name"]
+        assert tls["combined_validation_context"]["validation_context_sds_secret_config"]["name"] == "cluster-ca"
         if c["name"] == "local-anon":
-            assert "tls_certificates" not in tls, "the certless twin for requests without an asserted identity"
+            assert "tls_certificate_sds_secret_configs" not in tls, \
+                "the certless twin for requests without an asserted identity"
         else:
-            assert tls["tls_certificates"][0]["certificate_chain"]["filename"].endswith("/front-proxy-client.crt")
+            assert [s["name"] for s in tls["tls_certificate_sds_secret_configs"]] == ["front-proxy-client"]
     assert clusters["peer-cp-2"]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"][
         "socket_address"] == {"address": "127.0.0.12", "port_value": 6444}

@@ -178,25 +178,38 @@ def test_bootstraps_validate_and_verify_every_hop(env, tmp_path):
         assert r.returncode == 0, r.stdout + r.stderr
         print(f"{n.name}: envoy --mode validate OK")
         b = json.loads(n.envoy_yaml)
+
+        def secret(ref):
+            """The PKI file(s) an SDS reference resolves to (the files pki-reload watches)."""
+            doc = json.loads(Path(ref["sds_config"]["path_config_source"]["path"]).read_text())["resources"][0]
+            assert doc["name"] == ref["name"]
+            if "validation_context" in doc:
+                return doc["validation_context"]["trusted_ca"]["filename"]
+            return doc["tls_certificate"]["certificate_chain"]["filename"]
+
         for c in b["static_resources"]["clusters"]:
             tls = c["transport_socket"]["typed_config"]
-            v = tls["common_tls_context"]["validation_context"]
-            assert v["trusted_ca"]["filename"] == str(n.pki / "ca.crt"), c["name"]
-            assert v["match_typed_subject_alt_names"] == [{"san_type": "DNS", "matcher": {"exact": SNI}}]
+            v = tls["common_tls_context"]["combined_validation_context"]
+            assert secret(v["validation_context_sds_secret_config"]) == str(n.pki / "ca.crt"), c["name"]
+            assert v["default_validation_context"]["match_typed_subject_alt_names"] == [
+                {"san_type": "DNS", "matcher": {"exact": SNI}}]
             if c["name"] == "local-anon":
                 # The certless twin for requests without an asserted identity (tokens, anonymous).
-                assert "tls_certificates" not in tls["common_tls_context"], c["name"]
+                assert "tls_certificate_sds_secret_configs" not in tls["common_tls_context"], c["name"]
                 continue
-            assert tls["common_tls_context"]["tls_certificates"][0]["certificate_chain"]["filename"] == \
-                str(n.pki / "front-proxy-client.crt")
+            (cert,) = tls["common_tls_context"]["tls_certificate_sds_secret_configs"]
+            assert secret(cert) == str(n.pki / "front-proxy-client.crt")
         listeners = {l["name"]: l for l in b["static_resources"]["listeners"]}
         main = listeners["apiserver"]["filter_chains"][0]["transport_socket"]["typed_config"]
         peer = listeners["peers"]["filter_chains"][0]["transport_socket"]["typed_config"]
         assert main.get("require_client_certificate") in (False, None)
-        assert main["common_tls_context"]["validation_context"]["trusted_ca"]["filename"] == str(n.pki / "ca.crt")
+        assert secret(main["common_tls_context"]["validation_context_sds_secret_config"]) == str(n.pki / "ca.crt")
         assert peer["require_client_certificate"] is True
-        assert peer["common_tls_context"]["validation_context"]["trusted_ca"]["filename"] == \
+        assert secret(peer["common_tls_context"]["validation_context_sds_secret_config"]) == \
             str(n.pki / "front-proxy-ca.crt")
+        for l in (main, peer):
+            (cert,) = l["common_tls_context"]["tls_certificate_sds_secret_configs"]
+            assert secret(cert) == str(n.pki / "apiserver.crt")
         assert listeners["apiserver"]["address"]["socket_address"] == {"address": n.node_ip, "port_value": 6443}
         assert listeners["peers"]["address"]["socket_address"] == {"address": n.node_ip, "port_value": 6444}
         # Only a request that carries an identity the proxy asserted (X-Remote-User) goes out with
@@ -681,10 +694,12 @@ def test_upstream_tls_fails_closed_against_impostors(env, tmp_path):
     a = Impostor("127.0.1.19", APISERVER_PORT, cert_a)
     b = Impostor("127.0.0.18", PEER_PORT, cert_b)
     admin = harness.free_port()
+    render.write_kubeadm_sds(tmp_path / "sds", cp1.pki, tmp_path / "reload")
+    (tmp_path / "reload").mkdir()
     yaml = render.render_kubeadm(node="cp-9", node_ip="127.0.0.19", apiserver=("127.0.1.19", APISERVER_PORT),
-                                 pki=str(cp1.pki), wasm_path=str(env.kc.wasm), peers=[("imp", "127.0.0.18")],
+                                 wasm_path=str(env.kc.wasm), peers=[("imp", "127.0.0.18")],
                                  admin_port=admin, port=APISERVER_PORT, peer_port=PEER_PORT,
-                                 access_log=str(tmp_path / "access.log"))
+                                 access_log=str(tmp_path / "access.log"), sds_dir=str(tmp_path / "sds"))
     envoy = harness.Envoy(yaml, "kubeadm-impostor", admin, workdir=tmp_path / "envoy", log_level="info",
                           component_log_level="wasm:info")
     try:

@@ -24,6 +24,7 @@ import http.server
 import json
 import random
 import socket
+import ssl
 import string
 import sys
 import threading
@@ -154,6 +155,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         """Quiet: tests read the request log over HTTP instead."""
 
     def setup(self):
+        if isinstance(self.request, ssl.SSLSocket):
+            # The handshake runs here, in the connection's own thread, not in the accept loop.
+            self.request.do_handshake()
         super().setup()
         # Like Go's net/http: no Nagle delay between a response's header and body writes (with delayed ACKs
         # on the other side that costs ~40 ms per response).
@@ -169,6 +173,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def end_headers(self):
         """Every response, whichever path produced it, names the instance and echoes loop-prevention."""
         self.send_header("x-fake-apiserver", self.instance.name)
+        if isinstance(self.connection, ssl.SSLSocket):
+            # Which client certificate this connection presented (TLS instances: tests of what Envoy presents).
+            cert = self.connection.getpeercert()
+            self.send_header("x-fake-client-cert-serial", cert.get("serialNumber", "") if cert else "none")
         headers = getattr(self, "headers", None)  # absent when the request line itself was bad
         if headers is not None and headers.get("x-kubernetes-peer-proxied") == "true":
             self.send_header("x-fake-peer-proxied", "true")
@@ -697,6 +705,13 @@ class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     instance: "Instance"
+    tls: "ssl.SSLContext | None" = None
+
+    def get_request(self):
+        sock, addr = super().get_request()
+        if self.tls is not None:
+            sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return sock, addr
 
     def handle_error(self, request, client_address):
         """Connection resets are normal here (stop(), clients dropping watches, truncation); other errors are bugs."""
@@ -708,7 +723,7 @@ class Instance:
     """One fake apiserver listening on 127.0.0.1, serving `apiset` over the cluster's shared store."""
 
     def __init__(self, name: str, store: Store, apiset: ApiSet, port: int = 0, aggregated: bool = True,
-                 accept_v2beta1: bool = False):
+                 accept_v2beta1: bool = False, tls: "ssl.SSLContext | None" = None):
         self.name = name
         self.store = store
         self.apiset = apiset
@@ -729,8 +744,9 @@ class Instance:
         self._stopping = threading.Event()
         self._server = _Server(("127.0.0.1", port), _Handler)
         self._server.instance = self
+        self._server.tls = self.tls = tls
         self.port = self._server.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True,
                          name=f"fake-apiserver-{name}").start()
 
@@ -832,22 +848,25 @@ class Cluster:
         self.instances: dict[str, Instance] = {}
 
     def start(self, name: str, port: int = 0, apiset: "str | dict | ApiSet" = "old", *, aggregated: bool = True,
-              accept_v2beta1: bool = False) -> Instance:
-        """Start an instance; port 0 picks a free port. `apiset` is "old", "new", a spec dict or an ApiSet."""
+              accept_v2beta1: bool = False, tls: "ssl.SSLContext | None" = None) -> Instance:
+        """Start an instance; port 0 picks a free port. `apiset` is "old", "new", a spec dict or an ApiSet;
+        `tls`: serve https with this server context (its verify mode decides whether client certificates
+        are asked for; the serial of the one presented is echoed in `x-fake-client-cert-serial`)."""
         if name in self.instances and not self.instances[name].stopped:
             raise ValueError(f"instance {name!r} is already running")
-        instance = Instance(name, self.store, resolve_apiset(apiset), port, aggregated, accept_v2beta1)
+        instance = Instance(name, self.store, resolve_apiset(apiset), port, aggregated, accept_v2beta1, tls)
         self.instances[name] = instance
         return instance
 
     def restart(self, name: str, apiset: "str | dict | ApiSet | None" = None, *, aggregated: bool | None = None,
-                accept_v2beta1: bool | None = None) -> Instance:
+                accept_v2beta1: bool | None = None, tls: "ssl.SSLContext | None" = None) -> Instance:
         """Stop an instance and start it again on the same port; unspecified settings are kept."""
         old = self.instances[name]
         old.stop()
         return self.start(name, old.port, old.apiset if apiset is None else apiset,
                           aggregated=old.aggregated if aggregated is None else aggregated,
-                          accept_v2beta1=old.accept_v2beta1 if accept_v2beta1 is None else accept_v2beta1)
+                          accept_v2beta1=old.accept_v2beta1 if accept_v2beta1 is None else accept_v2beta1,
+                          tls=old.tls if tls is None else tls)
 
     def stop_all(self):
         for instance in self.instances.values():
