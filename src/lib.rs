@@ -9,6 +9,7 @@ pub mod config;
 pub mod discovery;
 pub mod discovery_sync;
 pub mod guard;
+pub mod health;
 pub mod identity;
 pub mod leases;
 pub mod merge;

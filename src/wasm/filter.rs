@@ -16,6 +16,7 @@ use proxy_wasm::types::{Action, BufferType, MapType};
 use super::host::{self, Metrics};
 use crate::config::Config;
 use crate::guard::{self, First, Verdict};
+use crate::health;
 use crate::identity;
 use crate::metrics;
 use crate::reply::{self, Upstream};
@@ -590,6 +591,19 @@ impl HttpContext for PeerProxy {
             peer_proxied: proxied.as_deref(),
         };
         let table = self.shared.table();
+        // A load balancer's readiness check before the first snapshot: not ready (see [`health`]).
+        if let Some(body) = health::not_ready(&method, &path, table.is_some()) {
+            log::debug!("kube-peer-proxy: {method} {path}: not ready, no discovery snapshot yet");
+            return self.reply(
+                503,
+                vec![
+                    ("content-type", "text/plain; charset=utf-8"),
+                    ("cache-control", "no-cache, private"),
+                    (FILTER_REPLY_HEADER, "true"),
+                ],
+                Some(&body),
+            );
+        }
         let decision = routing::decide_with(
             &facts,
             table.as_deref(),

@@ -1,0 +1,96 @@
+"""The static pod's `envoy` container (deploy/static-pod.yaml), run as it ships.
+
+The container's command is a bash script that runs Envoy and, on SIGTERM, turns the node unready for
+the load balancer, stops accepting, waits for requests in flight and only then stops Envoy. Tests run
+the manifest's own script, arguments and environment; only what differs on a test machine is replaced:
+the bootstrap's path, the admin port, a unique --base-id and --concurrency 2 (several Envoys share the
+machine), and `envoy` on PATH is the venv's binary. SIGTERM goes to the script alone, as the container
+runtime sends it to the container's first process.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import yaml
+
+from kpp import harness
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFEST = ROOT / "deploy" / "static-pod.yaml"
+CONTAINER = "envoy"
+NODE_CONFIG = "/etc/kubernetes/kube-peer-proxy/envoy.yaml"
+
+
+def pod(manifest: Path = MANIFEST) -> dict:
+    return yaml.safe_load(Path(manifest).read_text())
+
+
+def container(manifest: Path = MANIFEST) -> dict:
+    (c,) = [c for c in pod(manifest)["spec"]["containers"] if c["name"] == CONTAINER]
+    return c
+
+
+def env(manifest: Path = MANIFEST) -> dict[str, str]:
+    return {e["name"]: str(e["value"]) for e in container(manifest).get("env", [])}
+
+
+def drain_seconds(manifest: Path = MANIFEST) -> tuple[float, float]:
+    """(KPP_UNREADY_SECONDS, KPP_DRAIN_SECONDS) as the manifest sets them."""
+    e = env(manifest)
+    return float(e["KPP_UNREADY_SECONDS"]), float(e["KPP_DRAIN_SECONDS"])
+
+
+def command(config_path: Path | str, base_id: int, manifest: Path = MANIFEST) -> list[str]:
+    """The container's command + args with this machine's bootstrap path and a unique base id."""
+    c = container(manifest)
+    args = list(c.get("args", []))
+    if args.count(NODE_CONFIG) != 1:
+        raise ValueError(f"{manifest}: the {CONTAINER} container's args no longer name {NODE_CONFIG}: {args}")
+    args[args.index(NODE_CONFIG)] = str(config_path)
+    return [*c["command"], *args, "--base-id", str(base_id), "--concurrency", "2"]
+
+
+class StaticPodEnvoy(harness.Envoy):
+    """harness.Envoy launched through the static pod's entrypoint script."""
+
+    def __init__(self, *args, manifest: Path = MANIFEST, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.manifest = manifest
+        self.terminated_at: float | None = None
+        self.exited_at: float | None = None
+
+    def _command(self, config_path: Path) -> tuple[list[str], dict[str, str]]:
+        bindir = self.workdir / "bin"
+        bindir.mkdir(parents=True, exist_ok=True)
+        link = bindir / "envoy"
+        if not link.exists():
+            link.symlink_to(harness.envoy_binary())
+        e = dict(os.environ)
+        e.update(env(self.manifest))
+        e["KPP_ADMIN_PORT"] = str(self.admin_port)
+        e["PATH"] = f"{bindir}:{e.get('PATH', '/usr/bin:/bin')}"
+        return command(config_path, self.base_id, self.manifest), e
+
+    def terminate(self) -> float:
+        """SIGTERM to the container's first process (the script), as the kubelet's runtime sends it."""
+        self.terminated_at = time.monotonic()
+        os.kill(self.process.pid, signal.SIGTERM)
+        return self.terminated_at
+
+    def wait_exit(self, timeout: float) -> int:
+        """Waits for the script (and so Envoy) to exit; returns its exit code."""
+        rc = self.process.wait(timeout)
+        self.exited_at = time.monotonic()
+        return rc
+
+    def stop(self) -> None:
+        """Teardown: no drain (SIGKILL the group if still running), then the harness's cleanup."""
+        if self.process is not None and self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        super().stop()
