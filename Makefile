@@ -86,6 +86,7 @@ k8s-build:
 
 k8s-build-skew: k8s-build
 	bash scripts/k8s/build.sh kube-apiserver $(K8S_SKEW_OLD)
+	bash scripts/k8s/build.sh kubeadm $(K8S_SKEW_OLD)
 
 # Real control planes: two apiservers with different APIs behind Envoys (static peers and lease
 # mode), the operator's artifacts checked with the real kubeadm, and the kubeadm node layout with
@@ -93,7 +94,7 @@ k8s-build-skew: k8s-build
 # The short real-controller upgrade (tests/k8s/test_upgrade_k8s.py, ~3.5 min) also needs the v1.35.4
 # apiserver (make k8s-build-skew, ~13 min cold): it runs whenever that is cached, else a loud skip.
 E2E_K8S ?= tests/k8s/test_control_plane.py tests/k8s/test_leases.py tests/k8s/test_deploy.py tests/k8s/test_kubeadm.py \
-	tests/k8s/test_upgrade_k8s.py
+	tests/k8s/test_pki_renewal.py tests/k8s/test_upgrade_k8s.py
 e2e-k8s: build k8s-build
 	@bash scripts/k8s/build.sh --path kube-apiserver $(K8S_SKEW_OLD) >/dev/null || { \
 	    echo "################################################################################"; \

@@ -588,8 +588,9 @@ class KubeadmCluster:
     """etcd + N kubeadm nodes (apiserver + Envoy each); start() in order, stop() in reverse."""
 
     def __init__(self, workdir: Path, nodes: list[tuple[str, str]], version: str = DEFAULT_VERSION,
-                 wasm: Path | None = None, kubectl: str | None = None):
-        """nodes: (name, runtime_config), indexed 1.. in order."""
+                 wasm: Path | None = None, kubectl: str | None = None, first_index: int = 1):
+        """nodes: (name, runtime_config), indexed first_index.. in order (the index picks the node's
+        loopback addresses, so clusters with disjoint indexes can run side by side)."""
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.kubectl = kubectl or str(harness.tool("kubectl"))
@@ -598,7 +599,7 @@ class KubeadmCluster:
         self.token = secrets.token_hex(16)
         self.token_file = self.workdir / "tokens.csv"
         self.token_file.write_text(f'{self.token},{TOKEN_USER},kpp-token-uid,"{TOKEN_GROUP}"\n')
-        self.nodes = {name: KubeadmNode(name, i + 1, self.workdir / name, self.etcd.url, version, rc,
+        self.nodes = {name: KubeadmNode(name, i + first_index, self.workdir / name, self.etcd.url, version, rc,
                                         token_file=self.token_file)
                       for i, (name, rc) in enumerate(nodes)}
         self.timings: dict[str, float] = {}

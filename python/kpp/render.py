@@ -340,7 +340,9 @@ def _access_log(path):
             "code": "%RESPONSE_CODE%", "flags": "%RESPONSE_FLAGS%", "cluster": "%UPSTREAM_CLUSTER%",
             "upstream_host": "%UPSTREAM_HOST%", "peer_proxied": "%REQ(X-KUBERNETES-PEER-PROXIED)%",
             "audit_id": "%REQ(AUDIT-ID)%", "client": "%DOWNSTREAM_REMOTE_ADDRESS%",
-            "user": "%REQ(X-REMOTE-USER)%", "duration_ms": "%DURATION%"}}}}]
+            "user": "%REQ(X-REMOTE-USER)%", "duration_ms": "%DURATION%",
+            # the client certificate's serial: on the peer listener, which proxy's certificate
+            "peer_serial": "%DOWNSTREAM_PEER_SERIAL%"}}}}]
 
 
 def render_kubeadm(*, node, node_ip, apiserver, wasm_path, peers=None, leases=None, admin_port=9901,

@@ -25,13 +25,11 @@ last good pair, counted in `sds.serving.key_rotation_failed` and named by pki-re
 from __future__ import annotations
 
 import http.client
-import json
 import os
 import shutil
 import socket
 import ssl
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -40,6 +38,7 @@ import pytest
 from kpp import harness, pki_reload, render
 from kpp.fake_apiserver import Cluster
 from kpp.kubeadm_node import mint_cert, openssl
+from kpp.tlsload import TlsLoad
 from kpp.topology import COMMON, FAST, NEW_ONLY
 
 SNI = render.KUBEADM_SNI
@@ -218,109 +217,16 @@ def nodes(tmp_path, envoys):
 
 # ---- load --------------------------------------------------------------------------------------------
 
-class Load:
-    """Clients through node A while the files change: keep-alive workers (local and rerouted GETs, a
-    client certificate, so the request carries an asserted identity upstream), one client that opens a
-    new connection (new TLS handshake) for every request, and watches on a local and a rerouted
-    resource, fed by objects created through A."""
-
-    def __init__(self, node: Node, cert, seconds_between=0.02):
-        self.node, self.cert, self.pause = node, cert, seconds_between
-        self.stop_ev = threading.Event()
-        self.lock = threading.Lock()
-        self.ok = 0
-        self.failures: list[str] = []
-        self.watch_events: dict[str, list[float]] = {COMMON: [], NEW_ONLY: []}
-        self.watch_broken: dict[str, str] = {}
-        self.threads = [threading.Thread(target=self._worker, args=(i, True), daemon=True) for i in range(3)]
-        self.threads.append(threading.Thread(target=self._worker, args=(3, False), daemon=True))
-        self.threads += [threading.Thread(target=self._watch, args=(p,), daemon=True) for p in self.watch_events]
-        self.threads.append(threading.Thread(target=self._creator, daemon=True))
-
-    def _record(self, what, status, body=b""):
-        with self.lock:
-            if status == 200:
-                self.ok += 1
-            else:
-                self.failures.append(f"{what}: {status} {body[:200]!r}")
-
-    def _worker(self, i, keepalive):
-        conn = None
-        seq = 0
-        while not self.stop_ev.is_set():
-            path = NEW_ONLY if (seq + i) % 2 else COMMON
-            seq += 1
-            try:
-                if conn is None:
-                    conn = http.client.HTTPSConnection(self.node.ip, self.node.client_port,
-                                                       context=self.node.client_ctx(self.cert), timeout=10)
-                conn.request("GET", path)
-                r = conn.getresponse()
-                body = r.read()
-                self._record(path, r.status, body)
-                if not keepalive or r.getheader("connection", "").lower() == "close":
-                    conn.close()
-                    conn = None
-            except (OSError, http.client.HTTPException) as e:
-                self._record(path, f"{type(e).__name__}: {e}")
-                conn = None
-            time.sleep(self.pause)
-
-    def _watch(self, path):
-        try:
-            conn = http.client.HTTPSConnection(self.node.ip, self.node.client_port,
-                                               context=self.node.client_ctx(self.cert), timeout=30)
-            conn.request("GET", path + "?watch=true")
-            r = conn.getresponse()
-            if r.status != 200:
-                self.watch_broken[path] = f"HTTP {r.status}"
-                return
-            while not self.stop_ev.is_set():
-                line = r.fp.readline()
-                if not line:
-                    if not self.stop_ev.is_set():
-                        self.watch_broken[path] = "stream ended"
-                    return
-                if line.strip() and not line.strip().isalnum():  # skip chunk-size lines
-                    try:
-                        ev = json.loads(line)
-                    except ValueError:
-                        continue
-                    if ev.get("type") == "ADDED":
-                        self.watch_events[path].append(time.monotonic())
-        except (OSError, http.client.HTTPException) as e:
-            if not self.stop_ev.is_set():
-                self.watch_broken[path] = f"{type(e).__name__}: {e}"
-
-    def _creator(self):
-        kinds = {COMMON: ("apps/v1", "Deployment"), NEW_ONLY: ("resource.k8s.io/v1", "ResourceClaim")}
-        n = 0
-        while not self.stop_ev.wait(0.25):
-            for path, (api, kind) in kinds.items():
-                n += 1
-                body = json.dumps({"apiVersion": api, "kind": kind,
-                                   "metadata": {"name": f"obj-{n}", "namespace": "default"}}).encode()
-                try:
-                    conn = http.client.HTTPSConnection(self.node.ip, self.node.client_port,
-                                                       context=self.node.client_ctx(self.cert), timeout=10)
-                    conn.request("POST", path, body, {"Content-Type": "application/json"})
-                    r = conn.getresponse()
-                    r.read()
-                    conn.close()
-                    if r.status != 201:
-                        self._record(f"POST {path}", r.status)
-                except (OSError, http.client.HTTPException) as e:
-                    self._record(f"POST {path}", f"{type(e).__name__}: {e}")
-
-    def start(self):
-        for t in self.threads:
-            t.start()
-        return self
-
-    def stop(self):
-        self.stop_ev.set()
-        for t in self.threads:
-            t.join(15)
+def load_through(node: Node, cert) -> TlsLoad:
+    """Clients through node A while the files change: local and rerouted GETs with a client certificate
+    (so the request carries an asserted identity upstream), keep-alive and on new connections, and a
+    watch on each, fed by objects created through A."""
+    kinds = {COMMON: ("apps/v1", "Deployment"), NEW_ONLY: ("resource.k8s.io/v1", "ResourceClaim")}
+    creates = [(p, lambda n, api=api, kind=kind: {"apiVersion": api, "kind": kind,
+                                                  "metadata": {"name": f"obj-{n}", "namespace": "default"}})
+               for p, (api, kind) in kinds.items()]
+    return TlsLoad(node.ip, node.client_port, lambda: node.client_ctx(cert), [COMMON, NEW_ONLY],
+                   [COMMON, NEW_ONLY], creates)
 
 
 def key_rotation_failed(node: Node) -> int:
@@ -356,14 +262,13 @@ def test_renewed_files_are_picked_up_under_load_and_bad_files_keep_the_last_good
         assert status == 200, (path, status, body[:300])
     assert a.get(NEW_ONLY, alice)[1]["x-fake-apiserver"] == "b", "the rerouted path goes through B's peer listener"
 
-    load = Load(a, alice).start()
+    load = load_through(a, alice).start()
     try:
         harness.wait_until(lambda: all(load.watch_events.values()), 20, message="watches saw no events")
         times = {}
         # 1. the serving certificate, each way a renewed file lands
         for how, writer in WRITERS.items():
             new = pki.serving(a.ip)
-            t0 = time.monotonic()
             install(new, a.pki, "apiserver", writer)
             times[how] = wait_serial(a.ip, a.client_port, a.pki / "ca.crt", serial_of(new[0]), RELOAD_BOUND)
             print(f"serving certificate, {how}: new handshakes present it after {times[how]:.2f} s")
@@ -382,9 +287,8 @@ def test_renewed_files_are_picked_up_under_load_and_bad_files_keep_the_last_good
         time.sleep(3)
     finally:
         load.stop()
-    events_after = {p: sum(1 for t in ts if t > t_last_change) for p, ts in load.watch_events.items()}
-    print(f"under load: {load.ok} requests answered 200, {len(load.failures)} failed; "
-          f"watch events after the last change: {events_after}; broken watches: {load.watch_broken}")
+    events_after = load.events_after(t_last_change)
+    print("under load:", load.summary(t_last_change))
     assert load.failures == [], load.failures[:10]
     assert load.ok > 100
     assert load.watch_broken == {}, "watches opened before the changes must keep streaming"
