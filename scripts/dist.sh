@@ -61,6 +61,10 @@ peers=(--peer cp-2=192.0.2.12 --peer cp-3=192.0.2.13)
     > "$OUT/bootstrap/kubeadm-cp-1-leases.yaml"
 "$PY" -m kpp.render "${kubeadm[@]}" "${peers[@]}" --wasm "$IMAGE_WASM" \
     > "$OUT/bootstrap/kubeadm-cp-1-image-volume.yaml"
+# The kubeadm bootstraps' TLS secrets as --write-sds writes them on a node (they name /etc/kubernetes/pki):
+# install them in /etc/kubernetes/kube-peer-proxy/sds/ (docs/deploy.md "Certificate renewal").
+"$PY" -c 'import sys; from kpp import render; render.write_kubeadm_sds(sys.argv[1], "/etc/kubernetes/pki")' \
+    "$OUT/sds"
 "$PY" -m kpp.render --node a --listen 18441 --admin 19441 --local 127.0.0.1:16441 \
     --peer b=127.0.0.1:16442 --peer c=127.0.0.1:16443 --wasm "$NAME" > "$OUT/bootstrap/plain.yaml"
 

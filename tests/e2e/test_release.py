@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kpp import cluster, harness, image_volume
+from kpp import cluster, harness, image_volume, render
 from kpp.topology import NEW_ONLY, Topology
 
 ROOT = harness.ROOT
@@ -136,7 +136,7 @@ def test_dist_has_the_wasm_with_its_sha256_and_the_bootstraps_and_manifests(dist
     assert (dist / "rbac.yaml").read_bytes() == (ROOT / "deploy" / "rbac.yaml").read_bytes()
     assert {p.name for p in dist.iterdir()} == {
         WASM_NAME, f"{WASM_NAME}.sha256", "SHA256SUMS", "bootstrap", "oci", "oci-digests.txt", "rbac.yaml",
-        "static-pod.yaml", "static-pod-image-volume.yaml"}
+        "sds", "static-pod.yaml", "static-pod-image-volume.yaml"}
     assert sorted(p.name for p in (dist / "bootstrap").iterdir()) == [
         "kubeadm-cp-1-image-volume.yaml", "kubeadm-cp-1-leases.yaml", "kubeadm-cp-1.yaml", "plain.yaml"]
 
@@ -161,6 +161,14 @@ def test_dist_bootstraps_pass_envoy_validate(dist, tmp_path):
     """The kubeadm ones with their /etc/kubernetes/pki paths pointed at a generated PKI of the same
     file names, and the .wasm path at the dist .wasm (validation loads both)."""
     pki = cluster.make_certs(tmp_path / "pki")
+    # dist/sds, the TLS secrets the kubeadm bootstraps name, with the same substitution
+    sds, reload_dir = tmp_path / "sds", tmp_path / "reload"
+    sds.mkdir()
+    reload_dir.mkdir()
+    assert sorted(p.name for p in (dist / "sds").iterdir()) == sorted(render.kubeadm_sds_files("/x"))
+    for f in (dist / "sds").iterdir():
+        (sds / f.name).write_text(f.read_text().replace("/etc/kubernetes/pki/", f"{pki}/")
+                                  .replace(render.RELOAD_DIR, str(reload_dir)))
     expected_wasm = {
         "kubeadm-cp-1.yaml": "/etc/kubernetes/kube-peer-proxy/kube_peer_proxy.wasm",
         "kubeadm-cp-1-leases.yaml": "/etc/kubernetes/kube-peer-proxy/kube_peer_proxy.wasm",
@@ -171,7 +179,7 @@ def test_dist_bootstraps_pass_envoy_validate(dist, tmp_path):
         text = (dist / "bootstrap" / name).read_text()
         assert wasm_filenames(json.loads(text)) == {wasm}, name
         text = text.replace(f'"{wasm}"', json.dumps(str(dist / WASM_NAME)))
-        text = text.replace("/etc/kubernetes/pki/", f"{pki}/")
+        text = text.replace(render.KUBEADM_SDS_DIR + "/", f"{sds}/")
         r = harness.validate_config(text, tmp_path / name)
         assert r.returncode == 0 and "OK" in r.stdout, f"{name}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
 
@@ -183,7 +191,7 @@ def test_image_volume_pod_is_derived_from_the_static_pod(dist):
     assert variant == image_volume.derive(source, reference)
     volume = variant["spec"]["volumes"][-1]
     assert volume == {"name": "wasm", "image": {"reference": reference, "pullPolicy": "IfNotPresent"}}
-    (envoy,) = variant["spec"]["containers"]
+    (envoy,) = [c for c in variant["spec"]["containers"] if c["name"] == image_volume.CONTAINER]
     assert envoy["volumeMounts"][-1] == {"name": "wasm", "mountPath": image_volume.MOUNT, "readOnly": True}
     # Nothing else differs from deploy/static-pod.yaml.
     variant["spec"]["volumes"].pop()
