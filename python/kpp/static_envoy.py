@@ -94,3 +94,22 @@ class StaticPodEnvoy(harness.Envoy):
             except ProcessLookupError:
                 pass
         super().stop()
+
+
+ADMIN_PORT, CLIENT_PORT = 9901, 6443  # what the manifest's probes name (kpp.render's kubeadm defaults)
+
+
+def probes(manifest: Path = MANIFEST) -> dict[str, tuple[str, str, str]]:
+    """{probe: (listener, scheme, path)} of the envoy container: listener "admin" (127.0.0.1:9901) or
+    "client" (<node-ip>:6443, the pod IP of a hostNetwork pod), so a test can send the same GET."""
+    out = {}
+    for name in ("startupProbe", "livenessProbe", "readinessProbe"):
+        get = container(manifest)[name]["httpGet"]
+        if get["port"] == ADMIN_PORT and get.get("host") == "127.0.0.1":
+            listener = "admin"
+        elif get["port"] == CLIENT_PORT and "host" not in get:
+            listener = "client"
+        else:
+            raise ValueError(f"{manifest}: {name} probes something the tests do not know: {get}")
+        out[name] = (listener, get.get("scheme", "HTTP"), get["path"])
+    return out
