@@ -85,7 +85,8 @@ impl Default for Config {
     }
 }
 
-const FIELDS: &[&str] = &[
+/// Every top-level field `parse` accepts (envoy/README.md documents each: `tests/config_doc.rs`).
+pub const FIELDS: &[&str] = &[
     "local_name",
     "local_cluster",
     "peers",
@@ -102,14 +103,16 @@ const FIELDS: &[&str] = &[
     "client_identity",
 ];
 
-const IDENTITY_FIELDS: &[&str] = &[
+/// The fields of `client_identity`.
+pub const IDENTITY_FIELDS: &[&str] = &[
     "username_headers",
     "uid_headers",
     "group_headers",
     "extra_headers_prefixes",
 ];
 
-const LEASE_FIELDS: &[&str] = &["cluster", "address_header", "local_hostname", "local_address", "hosts"];
+/// The fields of `lease_discovery`.
+pub const LEASE_FIELDS: &[&str] = &["cluster", "address_header", "local_hostname", "local_address", "hosts"];
 
 impl Config {
     pub fn parse(bytes: &[u8]) -> Result<Config, String> {
