@@ -497,13 +497,16 @@ class KubeadmNode:
         kw.update(overrides)
         return render.render_kubeadm(**kw)
 
-    def start_envoy(self, peers: list["KubeadmNode"], wasm: Path):
-        """Envoy and, beside it as in the static pod, the pki-reload loop (renewed PKI files reload)."""
+    def start_envoy(self, peers: list["KubeadmNode"], wasm: Path, mutate=None):
+        """Envoy and, beside it as in the static pod, the pki-reload loop (renewed PKI files reload).
+        mutate: a function of the bootstrap text (kpp.mutants), for runs that must fail."""
         self.admin_port = self.admin_port or free_port()
         if self.pki_reload is None:
             self.pki_reload = pki_reload.start(self.pki, self.reload_dir, self.workdir / "pki-reload.log",
                                                f"pki-reload-{self.name}")
         self.envoy_yaml = self.render_envoy(peers, wasm)
+        if mutate:
+            self.envoy_yaml = mutate(self.envoy_yaml)
         self.envoy = harness.Envoy(self.envoy_yaml, f"kubeadm-{self.name}", self.admin_port,
                                    workdir=self.workdir / "envoy", log_level="info",
                                    component_log_level="wasm:info")

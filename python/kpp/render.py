@@ -342,7 +342,10 @@ def _access_log(path):
             "audit_id": "%REQ(AUDIT-ID)%", "client": "%DOWNSTREAM_REMOTE_ADDRESS%",
             "user": "%REQ(X-REMOTE-USER)%", "duration_ms": "%DURATION%",
             # the client certificate's serial: on the peer listener, which proxy's certificate
-            "peer_serial": "%DOWNSTREAM_PEER_SERIAL%"}}}}]
+            "peer_serial": "%DOWNSTREAM_PEER_SERIAL%",
+            # the apiserver's audit ID of this request (its Audit-Id response header): one audit event,
+            # one access-log line; and which listener (6443 clients, 6444 peers) took it
+            "resp_audit_id": "%RESP(AUDIT-ID)%", "listener_port": "%DOWNSTREAM_LOCAL_PORT%"}}}}]
 
 
 def render_kubeadm(*, node, node_ip, apiserver, wasm_path, peers=None, leases=None, admin_port=9901,

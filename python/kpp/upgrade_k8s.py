@@ -51,8 +51,9 @@ import uuid
 from datetime import datetime
 from pathlib import Path
 
-from kpp import harness
+from kpp import harness, mutants
 from kpp.cluster import CACHE, Proc, free_port, wait_for
+from kpp.render import DISCOVERY_USER
 from kpp.kubeadm_node import (APISERVER_PORT, SNI, KubeadmCluster, KubeadmNode, kubeconfig_credentials, request,
                               write_kubeconfig)
 
@@ -66,6 +67,14 @@ V2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 NOPEER = V2 + ";profile=nopeer"
 OWNER_GVR = ("admissionregistration.k8s.io", "v1", "mutatingadmissionpolicies")
 KCM_USER = "system:kube-controller-manager"
+MODES = ("control", "filter") + tuple(f"mutant-{k}" for k in mutants.KINDS)
+# Pass rules of a filter run (verdict()). Measured in the runs of docs/upgrade-k8s.md: client-visible
+# 503s 2-25 (about 1 % of the requests through the client listeners), rerouted failures 0.
+MAX_503_SHARE = 0.03          # client-visible 503s / requests through the nodes' client listeners
+MAX_503_FLOOR = 30            # ... or this many, whichever is larger (short runs have few requests)
+MAX_REROUTE_FAILED_SHARE = 0.03  # rerouted requests answered 5xx or not at all / rerouted requests
+MAX_REROUTE_FAILED_FLOOR = 2
+MAX_WORKLOAD_FAILED_SHARE = 0.05  # workload requests answered neither 2xx nor the expected 404
 ROLLBACK_AFTER_SYNC = 8.0   # s after a GC discovery sync: cp-1 is back (as v1.35.4) ~8 s later
 
 
@@ -112,7 +121,11 @@ def ts(s: str) -> float:
 
 class Run:
     def __init__(self, mode: str, workdir: Path, short: bool):
+        assert mode in MODES, mode
         self.mode, self.short = mode, short
+        # every mode but the control runs the filter (a mutant: with one deliberate break, kpp.mutants)
+        self.filtered = mode != "control"
+        self.mutant = mode.removeprefix("mutant-") if mode.startswith("mutant-") else None
         self.workdir = workdir
         self.kc = KubeadmCluster(workdir, [(n, "") for n in NODES], version=OLD)
         for n in self.kc.nodes.values():
@@ -191,8 +204,9 @@ class Run:
         nodes = list(self.kc.nodes.values())
         for n in nodes:
             n.admin_port = free_port()
-            if self.mode == "filter":
-                n.start_envoy([p for p in nodes if p is not n], self.kc.wasm)
+            if self.filtered:
+                n.start_envoy([p for p in nodes if p is not n], self.kc.wasm,
+                              mutate=(lambda t: mutants.mutate(t, self.mutant)) if self.mutant else None)
             else:
                 n.envoy_yaml = tcp_bootstrap(f"node-{n.name}", (n.node_ip, APISERVER_PORT),
                                              [(n.apiserver_ip, APISERVER_PORT)], n.admin_port, n.access_log)
@@ -208,7 +222,7 @@ class Run:
         self.lb.start(wait_ready=False)
         for n in nodes:
             n.envoy.wait_until_ready(60)
-            if self.mode == "filter":
+            if self.filtered:
                 n.envoy.wait_snapshot(60)
         self.lb.wait_until_ready(60)
         wait_for(lambda: self.lb_req("/readyz").status == 200, 30, "readyz through the load balancer")
@@ -500,6 +514,7 @@ class Run:
                 o = e.get("objectRef") or {}
                 t = ts(e["stageTimestamp"])
                 audit.append({"t": t, "node": n.name, "version": self.version_at(n.name, t),
+                              "audit_id": e.get("auditID"),
                               "code": (e.get("responseStatus") or {}).get("code"), "verb": e.get("verb"),
                               "user": (e.get("user") or {}).get("username"), "uri": e.get("requestURI"),
                               "gvr": (o.get("apiGroup", ""), o.get("apiVersion", ""), o.get("resource", "")),
@@ -515,26 +530,38 @@ class Run:
         for n in self.kc.nodes.values():
             for e in n.access_entries():
                 access.append({"node": n.name, **e})
-        if self.mode == "filter":
+        if self.filtered:
             self.rerouted = 0
             for n in self.kc.nodes.values():
                 for k, v in n.envoy.stats("rerouted_request_total").items():
                     self.rerouted += v
-        rerouted_log = sum(1 for e in access if e.get("cluster") not in (None, "-", "local", "local-anon"))
+        # the nodes' client listeners (6443): what clients (workload, kcm) saw from the proxy
+        client_side = [e for e in access if str(e.get("listener_port")) == str(APISERVER_PORT)]
+        rerouted = [e for e in client_side if e.get("cluster") not in (None, "-", "local", "local-anon")]
+        rerouted_log = len(rerouted)
+        rerouted_codes: dict[str, int] = {}
+        for e in rerouted:
+            rerouted_codes[str(e.get("code"))] = rerouted_codes.get(str(e.get("code")), 0) + 1
         # With the filter, an apiserver's 404 may never reach the client: the filter answers 503 instead
-        # when the local server says 404 for a GVR a peer serves (README, "HTTP filter"). Match each
-        # such audit event to the node's Envoy access log entry (same path, local cluster, +-2 s).
-        if self.mode == "filter":
-            by_node = {}
+        # when the local server says 404 for a GVR a peer serves (README, "HTTP filter"). Each audit event
+        # is matched to the one access-log line of the same node that carries its audit ID (the
+        # apiserver's Audit-Id response header); what that line answered is what the client saw.
+        audit404_unmatched = []
+        if self.filtered:
+            by_audit_id: dict[tuple[str, str], list[dict]] = {}
             for e in access:
-                if e.get("cluster") in ("local", "local-anon") and e.get("start"):
-                    by_node.setdefault((e["node"], e.get("path")), []).append((ts(e["start"]), e.get("code")))
+                if e.get("resp_audit_id") not in (None, "-", ""):
+                    by_audit_id.setdefault((e["node"], e["resp_audit_id"]), []).append(e)
             for a in audit:
-                if a["false404"]:
-                    for t, code in by_node.get((a["node"], a["uri"]), []):
-                        if abs(t - a["t"]) < 2.0 and code != 404:
-                            a["false404"], a["intercepted"] = False, code
-                            break
+                if a["code"] != 404 or a["user"] in ("kubernetes-super-admin", DISCOVERY_USER):
+                    continue  # the end-state reads go straight to cp-2; the proxy's own calls have no listener
+                lines = by_audit_id.get((a["node"], a["audit_id"]), [])
+                if len(lines) != 1:
+                    audit404_unmatched.append({**a, "lines": len(lines)})
+                    continue
+                code = lines[0].get("code")
+                if a["false404"] and str(code) != "404":
+                    a["false404"], a["intercepted"] = False, code
         intercepted = sum(1 for a in audit if a.get("intercepted"))
         false404 = {}
         for a in audit:
@@ -542,8 +569,20 @@ class Run:
                 key = "/".join(a["gvr"])
                 false404.setdefault(key, {"kcm": 0, "clients": 0})
                 false404[key]["kcm" if a["user"] == KCM_USER else "clients"] += 1
+        client_503 = sum(1 for e in client_side if str(e.get("code")) == "503")
+        workload_failed = [c for c in self.client_log
+                           if not (isinstance(c["status"], int) and 200 <= c["status"] < 300)
+                           and not (c["status"] == 404 and c["what"] == "get namespace")]
         return {
             "mode": self.mode, "short": self.short, "timings": self.timings,
+            "client_listener_requests": len(client_side), "client_listener_503": client_503,
+            "rerouted_codes": rerouted_codes, "audit404_unmatched": len(audit404_unmatched),
+            "audit404_unmatched_examples": [{k: a[k] for k in ("node", "uri", "user", "lines")}
+                                            for a in audit404_unmatched[:5]],
+            "workload_failed": len(workload_failed),
+            "workload_failed_examples": [f"{c['what']} {c['method']} {c['path']}: {c['status']}"
+                                         for c in workload_failed[:5]],
+            "owners_by_phase": {p: sum(1 for o in self.owners if o["phase"] == p) for p in ("lb", "node")},
             "owners": len(self.owners), "dependents": len(self.dependents), "lost": lost,
             "lost_by_phase": {p: sum(1 for d in lost if d["phase"] == p) for p in ("lb", "node")},
             "dependents_by_phase": {p: sum(1 for d in self.dependents if d["phase"] == p) for p in ("lb", "node")},
@@ -591,6 +630,78 @@ def run_one(mode: str, short: bool, base: Path) -> dict:
     return res
 
 
+def filter_rules(r: dict) -> list[str]:
+    """What a run with the filter must show; each failure is one line. Applied to the control (no
+    filter) and to the mutants (kpp.mutants) it must fail: tests/k8s/test_upgrade_k8s.py and
+    docs/upgrade-k8s.md ("Pass rules") record which rule trips."""
+    m = r["mode"]
+    out = []
+    if not (r["owners"] > 0 and r["dependents"] > 0):
+        out.append(f"{m}: the workload made {r['owners']} owners / {r['dependents']} dependents")
+    if r["lost"]:
+        out.append(f"{m}: {len(r['lost'])} dependents lost although their owner exists "
+                   f"(lb {r['lost_by_phase']['lb']}, node {r['lost_by_phase']['node']})")
+    if r["gc_deletes_live_owner"]:
+        out.append(f"{m}: the GC deleted {r['gc_deletes_live_owner']} dependents of a live owner (audit)")
+    if r["false404_total"]:
+        out.append(f"{m}: {r['false404_total']} false 404s reached a client {r['false404']}")
+    if r["garbage_collected"] != r["garbage"]:
+        out.append(f"{m}: the GC collected {r['garbage_collected']} of {r['garbage']} real garbage")
+    stuck = [e["phase"] for e in r["namespaces"] if e["seconds"] is None]
+    if stuck:
+        out.append(f"{m}: namespace deletion stuck in phase {', '.join(stuck)}")
+    codes = r.get("rerouted_codes", {})
+    ok = sum(v for k, v in codes.items() if k.isdigit() and int(k) < 400 or k == "404")
+    failed = sum(v for k, v in codes.items() if not k.isdigit() or int(k) >= 500 or int(k) == 0)
+    if ok == 0:
+        out.append(f"{m}: no rerouted request succeeded (rerouted answers by code: {codes or 'none'})")
+    bound = max(MAX_REROUTE_FAILED_FLOOR, MAX_REROUTE_FAILED_SHARE * sum(codes.values()))
+    if failed > bound:
+        out.append(f"{m}: {failed} rerouted requests failed (> {bound:.0f}; by code: {codes})")
+    bound = max(MAX_503_FLOOR, MAX_503_SHARE * r.get("client_listener_requests", 0))
+    if r.get("client_listener_503", 0) > bound:
+        out.append(f"{m}: clients got {r['client_listener_503']} 503s (> {bound:.0f}: "
+                   f"{MAX_503_SHARE:.0%} of {r.get('client_listener_requests', 0)} requests)")
+    if r["workload_errors"]:
+        out.append(f"{m}: {len(r['workload_errors'])} workload errors: {r['workload_errors'][:3]}")
+    wl_bound = MAX_WORKLOAD_FAILED_SHARE * r["client_requests"]
+    if r.get("workload_failed", 0) > wl_bound:
+        out.append(f"{m}: {r['workload_failed']} of {r['client_requests']} workload requests failed "
+                   f"(> {MAX_WORKLOAD_FAILED_SHARE:.0%}), e.g. {r['workload_failed_examples'][:3]}")
+    if r.get("audit404_unmatched"):
+        out.append(f"{m}: {r['audit404_unmatched']} audit 404s without exactly one access-log line of the same "
+                   f"audit ID, e.g. {r['audit404_unmatched_examples'][:3]}")
+    if not r["short"]:  # the load-balancer phase ran
+        if not (r["dependents_by_phase"]["lb"] > 0 and r["owners_by_phase"]["lb"] > 0):
+            out.append(f"{m}: the load-balancer phase made no owners/dependents")
+    return out
+
+
+def hazard_rules(r: dict) -> list[str]:
+    """What the control (no filter) must show: the hazard, else the schedule proves nothing."""
+    out = []
+    if r["false404_total"] == 0:
+        out.append("control: no false 404s (the schedule did not expose the problem)")
+    if not r["lost"]:
+        out.append("control: no dependent lost (the schedule did not expose the GC; see docs/upgrade-k8s.md)")
+    return out
+
+
+def verdict(results: list[dict]) -> list[str]:
+    """Every failed rule of these runs: the filter rules for filter runs, the hazard for the control.
+    A mutant passes when the filter rules *fail* for it."""
+    out = []
+    for r in results:
+        if r["mode"] == "control":
+            out += hazard_rules(r)
+        elif r["mode"].startswith("mutant-"):
+            if not filter_rules(r):
+                out.append(f"{r['mode']}: the filter rules did not catch this mutant")
+        else:
+            out += filter_rules(r)
+    return out
+
+
 def fmt_ns(res):
     out = []
     for e in res["namespaces"]:
@@ -622,6 +733,16 @@ def table(results: list[dict]) -> str:
     rows.append(("namespace deletion", *[fmt_ns(r) for r in results]))
     rows.append(("requests rerouted (metric / access log)",
                  *[f"{r['rerouted_metric']} / {r['rerouted_access_log']}" for r in results]))
+    rows.append(("rerouted answers by code (access log)",
+                 *[", ".join(f"{k}: {v}" for k, v in sorted(r.get("rerouted_codes", {}).items())) or "-"
+                   for r in results]))
+    rows.append(("client-visible 503s / requests (nodes' client listeners)",
+                 *[f"{r.get('client_listener_503', 0)} / {r.get('client_listener_requests', 0)}"
+                   if r["mode"] != "control" else "- (tcp passthrough)" for r in results]))
+    rows.append(("workload requests failed / workload errors",
+                 *[f"{r.get('workload_failed', 0)} / {len(r['workload_errors'])}" for r in results]))
+    rows.append(("audit 404s without one access-log line (audit ID)",
+                 *[str(r.get("audit404_unmatched", 0)) if r["mode"] != "control" else "-" for r in results]))
     rows.append(("run time (s)", *[str(r["timings"].get("total")) for r in results]))
     w = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
     lines = ["| " + " | ".join(str(c).ljust(w[i]) for i, c in enumerate(row)) + " |" for row in rows]
@@ -699,7 +820,8 @@ def plot(results: list[dict], path: Path):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runs", default="control,filter")
+    p.add_argument("--runs", default="control,filter",
+                   help=f"comma-separated modes of {MODES}; a mutant passes when the filter rules fail for it")
     p.add_argument("--short", action="store_true", help="only the node-local rollback (tests/k8s/test_upgrade_k8s.py)")
     p.add_argument("--dir", default=None)
     p.add_argument("--plot", default=None)
@@ -723,6 +845,16 @@ def main(argv=None) -> int:
     if a.plot:
         plot(results, Path(a.plot))
         print(f"plot: {a.plot}")
+    for r in results:
+        if r["mode"] != "filter":
+            tripped = filter_rules(r)
+            print(f"\nthe filter rules applied to {r['mode']}: " +
+                  ("\n  " + "\n  ".join(tripped) if tripped else "all hold"))
+    problems = verdict(results)
+    if problems:
+        print("\nFAIL:\n  " + "\n  ".join(problems))
+        return 1
+    print("\nPASS: every rule holds (" + ", ".join(r["mode"] for r in results) + ")")
     return 0
 
 

@@ -479,10 +479,10 @@ def test_oci_image_pushed_with_skopeo_pulled_with_crane_runs_in_envoy(dist, regi
 
 @pytest.fixture(scope="module")
 def apiserver(tmp_path_factory):
-    """etcd + one kube-apiserver v1.36.3 (scripts/k8s/build.sh builds them when missing: ~11 min on
-    2 cores the first time, then cached in ~/.cache/kube-peer-proxy)."""
-    run(["bash", ROOT / "scripts" / "k8s" / "build.sh", "etcd", cluster.ETCD_VERSION], timeout=3600)
-    run(["bash", ROOT / "scripts" / "k8s" / "build.sh", "kube-apiserver", cluster.DEFAULT_VERSION], timeout=3600)
+    """etcd + one kube-apiserver v1.36.3, built before the Python tests by `make k8s-build` (a
+    prerequisite of `make test-python`); missing binaries fail here naming that target."""
+    for component, version in (("etcd", cluster.ETCD_VERSION), ("kube-apiserver", cluster.DEFAULT_VERSION)):
+        cluster.binary(component, version)
     cp = cluster.ControlPlane(tmp_path_factory.mktemp("k8s"), [("a", cluster.DEFAULT_VERSION, "")],
                               kubectl=str(harness.tool("kubectl")))
     try:

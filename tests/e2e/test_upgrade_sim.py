@@ -17,8 +17,7 @@ from collections import Counter
 from kpp.sim import classify, gvrs, upgrade_sim
 
 DURATION = 18.0
-# What a response may be with the filter; anything else is a failure (see kpp/sim/classify.py for the meanings).
-FILTER_OUTCOMES = {"2xx", "404 genuine", classify.F503, classify.E503}
+FILTER_OUTCOMES = upgrade_sim.FILTER_OUTCOMES
 MIN_AVAILABILITY = upgrade_sim.MIN_AVAILABILITY
 # Classes whose requests need a peer for part of the run (common GVRs are served by every server).
 PEER_CLASSES = ("old-only", "new-only")
@@ -39,6 +38,10 @@ def test_rolling_upgrade_filter_is_available_without_false_404_and_control_is_no
     assert c["false_404"] > 0, "the control run shows no false 404: the simulation does not exercise the problem"
     unexpected = (set(f["outcomes"]) | set(f["watch_outcomes"])) - FILTER_OUTCOMES
     assert not unexpected, {k: f["outcomes"][k] + f["watch_outcomes"][k] for k in unexpected}
+    # the pass rules fail without the filter (mutation (c))
+    tripped = upgrade_sim.filter_rules(c)
+    print("the filter rules applied to the control:\n  " + "\n  ".join(tripped))
+    assert any("false 404s" in t for t in tripped) and any("availability" in t for t in tripped), tripped
     for cls in gvrs.CLASSES:
         assert f["judged"][cls] >= 200, (cls, f["judged"])
         assert f["availability"][cls] >= MIN_AVAILABILITY, (cls, classify.availability_text(f, cls))
@@ -53,6 +56,22 @@ def test_rolling_upgrade_filter_is_available_without_false_404_and_control_is_no
     # Identical schedule: the same pauses at the same offsets (within scheduling jitter).
     for uf, uc in zip(f["upgrades"], c["upgrades"]):
         assert uf["server"] == uc["server"] and uf["pause"] == uc["pause"] and abs(uf["drain"] - uc["drain"]) < 0.5
+
+
+def test_the_pass_rules_fail_for_broken_filters(envoys, tmp_path):
+    """Mutations (a) and (b) (kpp.mutants): reroutes to a dead peer, and a 503 for everything only a peer
+    serves. Each must fail the filter rules; which rules trip is printed (and recorded in the README)."""
+    tripped = {}
+    for mode in ("mutant-dead-peer", "mutant-503"):
+        s = upgrade_sim.run_mode(mode, DURATION, seed=5, workdir=tmp_path, registry=envoys)
+        print(classify.table({mode: s}))
+        tripped[mode] = upgrade_sim.filter_rules(s)
+        print(f"the filter rules applied to {mode}:\n  " + "\n  ".join(tripped[mode]))
+    for mode, lines in tripped.items():
+        assert any("availability of old-only" in t for t in lines), (mode, lines)
+        assert any("availability of new-only" in t for t in lines), (mode, lines)
+    assert any("rerouted requests failed" in t for t in tripped["mutant-dead-peer"]), tripped
+    assert any("no rerouted request succeeded" in t for t in tripped["mutant-503"]), tripped
 
 
 # --- Upgrade windows, reproduced one request at a time ---------------------------------------------------------

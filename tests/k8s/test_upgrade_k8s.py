@@ -3,9 +3,13 @@ kubeadm nodes upgraded kube-apiserver v1.35.4 -> v1.36.3, then kube-controller-m
 (garbage collector + namespace controller) on cp-1's own endpoint while cp-1 is rolled back to
 v1.35.4. The same schedule runs without the filter (control: plain TLS passthrough Envoys) and with it.
 
-Asserted: with the filter no dependent whose owner exists is deleted and no apiserver answers a false
-404; the control shows the hazard (see docs/upgrade-k8s.md for why it is reliable in this schedule).
-Runs only when the v1.35.4 apiserver is cached (`make k8s-build-skew`).
+The pass rules are `kpp.upgrade_k8s.filter_rules` (the same `make upgrade-k8s` exits on): no dependent
+of a live owner lost, no false 404 reaching a client (each apiserver 404 matched by audit ID to the
+one access-log line that says what the client got), all real garbage collected, rerouted requests
+answered by the peer (by code), client-visible 503s and workload failures under their bounds. The
+control must show the hazard, and the filter rules must fail for it (mutation (c); the mutants (a) and
+(b), a dead peer and a 503 for everything only a peer serves, are recorded in docs/upgrade-k8s.md).
+`make test` builds the v1.35.4 binaries first (make k8s-build-skew), so this always runs.
 """
 
 from __future__ import annotations
@@ -15,13 +19,6 @@ import time
 import pytest
 
 from kpp import upgrade_k8s
-from kpp.cluster import CACHE
-
-NEEDED = [CACHE / "k8s" / upgrade_k8s.OLD / "kube-apiserver", CACHE / "k8s" / upgrade_k8s.NEW / "kube-apiserver",
-          CACHE / "k8s" / upgrade_k8s.NEW / "kube-controller-manager", CACHE / "k8s" / upgrade_k8s.NEW / "kubeadm"]
-
-pytestmark = pytest.mark.skipif(not all(p.is_file() for p in NEEDED),
-                                reason="needs cached binaries: make k8s-build k8s-build-skew")
 
 
 @pytest.fixture(scope="module")
@@ -33,17 +30,16 @@ def results(tmp_path_factory):
     return res
 
 
-def test_filter_loses_nothing(results):
+def test_filter_passes_every_rule(results):
     f = results["filter"]
-    assert f["dependents"] > 0 and f["owners"] > 0, f
-    assert f["lost"] == [], f["lost"]
-    assert f["gc_deletes_live_owner"] == 0
-    assert f["false404_total"] == 0, f["false404"]
-    assert all(e["seconds"] is not None for e in f["namespaces"]), f["namespaces"]
+    assert upgrade_k8s.filter_rules(f) == [], upgrade_k8s.filter_rules(f)
     assert f["rerouted_metric"] > 0
 
 
-def test_control_shows_the_hazard(results):
+def test_control_shows_the_hazard_and_fails_the_filter_rules(results):
     c = results["control"]
-    assert c["false404_total"] > 0, c["false404"]
-    assert c["lost"], "the control lost no dependent: the schedule did not expose the GC (see docs/upgrade-k8s.md)"
+    assert upgrade_k8s.hazard_rules(c) == [], upgrade_k8s.hazard_rules(c)
+    tripped = upgrade_k8s.filter_rules(c)
+    print("the filter rules applied to the control:\n  " + "\n  ".join(tripped))
+    assert any("dependents lost" in t for t in tripped), tripped
+    assert any("false 404s" in t for t in tripped), tripped

@@ -43,7 +43,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from kpp import harness, render
+from kpp import harness, mutants, render
 from kpp.fake_apiserver import Cluster, builtin_apiset
 from kpp.fake_apiserver.store import NotFound
 from kpp.sim import classify, gvrs
@@ -54,6 +54,16 @@ NODES = ("a", "b", "c")
 PLUGIN = {"refresh_interval": "500ms", "fetch_timeout": "1s", "staleness_limit": "5s"}
 # Availability floor per resource class for the filter run (percent); see README.md for how it was chosen.
 MIN_AVAILABILITY = 98.0
+MODES = ("filter", "control") + tuple(f"mutant-{k}" for k in mutants.KINDS)
+# Filter rules beyond availability (filter_rules()). Measured: client-visible 503s 0.8 % of the requests
+# in the 90 s run, 3.5 % in the 18 s test (the same three restarts in a fifth of the time); rerouted
+# requests answered 5xx (a peer that just stopped, before the passive mark): about 1 %.
+MAX_503_SHARE = 0.06            # client-visible 503s / requests
+MAX_NO_RESPONSE_SHARE = 0.005   # requests without any response (connection errors, timeouts) / requests
+MAX_REROUTE_FAILED_SHARE = 0.03  # rerouted requests answered 5xx / rerouted requests (the filter's count)
+MAX_REROUTE_FAILED_FLOOR = 5
+# What a response may be with the filter; anything else is a failure (see classify.py for the meanings).
+FILTER_OUTCOMES = {"2xx", "404 genuine", "404 object not found", classify.F503, classify.E503}
 DRAIN_GRACE = 0.3  # seconds between leaving the LB and stop, for short in-flight requests to finish
 V2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 SIM_NODE_HEADER = "x-kpp-sim-node"  # discovery_headers: tells which Envoy a discovery fetch came from
@@ -148,7 +158,9 @@ def run_mode(mode: str, duration: float, seed: int, workdir: Path, *, registry=N
              workers: int = 16, watchers_per_class: int = 2, drain: bool = True, plugin: dict | None = None,
              log=print) -> dict:
     """One full run (setup, load + schedule, classification); returns the summary for the table."""
-    assert mode in ("filter", "control")
+    assert mode in MODES, mode
+    filtered = mode != "control"
+    mutant = mode.removeprefix("mutant-") if mode.startswith("mutant-") else None
     gvrs.check_classes()
     workdir = Path(workdir) / mode
     workdir.mkdir(parents=True, exist_ok=True)
@@ -172,7 +184,9 @@ def run_mode(mode: str, duration: float, seed: int, workdir: Path, *, registry=N
             yaml = render.render_bootstrap(
                 node=n, listen_port=listen, admin_port=admin, local=("127.0.0.1", servers[n].port),
                 peers=[(p, "127.0.0.1", servers[p].port) for p in NODES if p != n],
-                wasm_path=str(harness.wasm_path()), plugin=plugin, with_filter=(mode == "filter"))
+                wasm_path=str(harness.wasm_path()), plugin=plugin, with_filter=filtered)
+            if mutant:
+                yaml = mutants.mutate(yaml, mutant)
             envoys[n] = launcher.start(yaml, f"{mode}-{n}", admin)
         lb = FrontLB(workdir / "lb-eds", harness.free_port(), harness.free_port())
         all_members = [ports[n][0] for n in NODES]
@@ -180,7 +194,7 @@ def run_mode(mode: str, duration: float, seed: int, workdir: Path, *, registry=N
         launcher.start(lb.bootstrap(), f"{mode}-front-lb", lb.admin_port)
         lb.set_members(all_members)
         for n in NODES:
-            if mode == "filter":
+            if filtered:
                 harness.wait_until(lambda n=n: _get(f"http://127.0.0.1:{ports[n][0]}/apis", {"Accept": V2}) == 200
                                    and _fresh_everywhere(envoys[n]), 20,
                                    message=f"Envoy {n}: no snapshot with all servers fresh within 20 s")
@@ -239,7 +253,7 @@ def run_mode(mode: str, duration: float, seed: int, workdir: Path, *, registry=N
             rec["back"] = time.monotonic()
             if drain:
                 timeline.change(rec["back"])
-            if mode == "filter":  # measured, not waited for before "ready" or "back"
+            if filtered:  # measured, not waited for before "ready" or "back"
                 harness.wait_until(lambda: _learned(inst), 15, 0.02,
                                    message=f"not every Envoy learned the new {n} within 15 s")
                 rec["learned"] = time.monotonic()
@@ -266,7 +280,15 @@ def run_mode(mode: str, duration: float, seed: int, workdir: Path, *, registry=N
                 missing.append(name)
         summary = classify.summarize(result, timeline, {"old": builtin_apiset("old"), "new": builtin_apiset("new")},
                                      missing, grace)
-        summary["wasm_panics"] = sum(wasm_panics(envoys[n]) for n in NODES) if mode == "filter" else None
+        summary["wasm_panics"] = sum(wasm_panics(envoys[n]) for n in NODES) if filtered else None
+        # rerouted requests by the response code the filter saw (its own counter, summed over the Envoys)
+        rerouted: dict[str, int] = {}
+        if filtered:
+            for n in NODES:
+                for k, v in envoys[n].stats("rerouted_request_total").items():
+                    code = k.rsplit("code=", 1)[-1].split(";")[0] if "code=" in k else "?"
+                    rerouted[code] = rerouted.get(code, 0) + v
+        summary["rerouted_codes"] = rerouted
         summary["upgrades"] = upgrades
         summary["t0"], summary["t0_wall"] = t0, t0_wall
         summary["mode"] = mode
@@ -302,39 +324,84 @@ def examples(summary: dict, limit: int = 5, key: str = "false_examples") -> str:
     return "\n".join(out)
 
 
+def filter_rules(s: dict, min_rate: float = 200.0, min_availability: float = MIN_AVAILABILITY) -> list[str]:
+    """What a run with the filter must show; each failure is one line. Applied to the control (no
+    filter) and to the mutants (kpp.mutants) it must fail (tests/e2e/test_upgrade_sim.py)."""
+    m = s["mode"]
+    problems = []
+    if s["rate"] < min_rate:
+        problems.append(f"{m}: achieved {s['rate']:.1f} req/s < {min_rate:.0f}")
+    if s["hung_threads"]:
+        problems.append(f"{m}: {s['hung_threads']} client threads hung")
+    if s["false_404"]:
+        problems.append(f"{m}: {s['false_404']} false 404s")
+    if s["starting_404"]:
+        problems.append(f"{m}: {s['starting_404']} 404s for a GVR a starting server served")
+    if s["wasm_panics"]:
+        problems.append(f"{m}: {s['wasm_panics']} wasm VM panics (see the Envoy logs)")
+    for cls, pct in s["availability"].items():
+        if pct is not None and pct < min_availability:
+            problems.append(f"{m}: availability of {cls} {pct:.2f}% < {min_availability:.1f}%")
+    if s["lost_writes"]:
+        problems.append(f"{m}: {s['lost_writes']} lost writes: {s['lost'][:5]}")
+    outcomes = s["outcomes"] + s["watch_outcomes"]
+    unexpected = {k: v for k, v in outcomes.items() if k not in FILTER_OUTCOMES and not k.startswith("no response")}
+    if unexpected:
+        problems.append(f"{m}: answers a filter run must not give: {unexpected}")
+    total = max(1, s["requests"])
+    n503 = sum(v for k, v in outcomes.items() if k.startswith("503"))
+    if n503 > MAX_503_SHARE * total:
+        problems.append(f"{m}: {n503} client-visible 503s (> {MAX_503_SHARE:.0%} of {total} requests)")
+    none = sum(v for k, v in outcomes.items() if k.startswith("no response"))
+    if none > MAX_NO_RESPONSE_SHARE * total:
+        problems.append(f"{m}: {none} requests got no response (> {MAX_NO_RESPONSE_SHARE:.1%} of {total})")
+    codes = s.get("rerouted_codes") or {}
+    ok = sum(v for k, v in codes.items() if k.isdigit() and (int(k) < 400 or int(k) == 404))
+    failed = sum(v for k, v in codes.items() if not k.isdigit() or int(k) >= 500 or int(k) == 0)
+    if ok == 0:
+        problems.append(f"{m}: no rerouted request succeeded (rerouted by code: {codes or 'none'})")
+    bound = max(MAX_REROUTE_FAILED_FLOOR, MAX_REROUTE_FAILED_SHARE * sum(codes.values()))
+    if failed > bound:
+        problems.append(f"{m}: {failed} rerouted requests failed (> {bound:.0f}: {MAX_REROUTE_FAILED_SHARE:.0%} "
+                        f"of them; by code: {codes})")
+    return problems
+
+
+def hazard_rules(s: dict, min_availability: float = MIN_AVAILABILITY) -> list[str]:
+    """What the control must show, else the simulation does not exercise the problem."""
+    problems = []
+    if s["false_404"] == 0:
+        problems.append("control: no false 404s (the simulation does not exercise the problem)")
+    for cls in ("old-only", "new-only"):
+        pct = s["availability"][cls]
+        if pct is None or pct >= min_availability - 5:
+            problems.append(f"control: availability of {cls} {pct}% is not below the filter's floor: "
+                            "the floor does not tell a filter that reaches its peers from one that does not")
+    return problems
+
+
 def verdict(summaries: dict, min_rate: float = 200.0, min_availability: float = MIN_AVAILABILITY) -> list[str]:
-    """Failed requirements (empty when all hold)."""
+    """Failed requirements (empty when all hold): the filter rules for the filter run, the hazard for
+    the control, and for a mutant that the filter rules catch it."""
     problems = []
     for mode, s in summaries.items():
-        if s["rate"] < min_rate:
-            problems.append(f"{mode}: achieved {s['rate']:.1f} req/s < {min_rate:.0f}")
-        if s["hung_threads"]:
-            problems.append(f"{mode}: {s['hung_threads']} client threads hung")
-    if "filter" in summaries:
-        s = summaries["filter"]
-        if s["false_404"]:
-            problems.append(f"filter: {s['false_404']} false 404s")
-        if s["starting_404"]:
-            problems.append(f"filter: {s['starting_404']} 404s for a GVR a starting server served")
-        if s["wasm_panics"]:
-            problems.append(f"filter: {s['wasm_panics']} wasm VM panics (see the Envoy logs)")
-        vm_failed = s["outcomes"][classify.VM503] + s["watch_outcomes"][classify.VM503]
-        if vm_failed:
-            problems.append(f"filter: {vm_failed} answers from a failed wasm VM")
-        for cls, pct in s["availability"].items():
-            if pct is not None and pct < min_availability:
-                problems.append(f"filter: availability of {cls} {pct:.2f}% < {min_availability:.1f}%")
-        if s["lost_writes"]:
-            problems.append(f"filter: {s['lost_writes']} lost writes: {s['lost'][:5]}")
-    if "control" in summaries and summaries["control"]["false_404"] == 0:
-        problems.append("control: no false 404s (the simulation does not exercise the problem)")
+        if mode == "control":
+            problems += hazard_rules(s, min_availability)
+            if s["rate"] < min_rate:
+                problems.append(f"control: achieved {s['rate']:.1f} req/s < {min_rate:.0f}")
+        elif mode.startswith("mutant-"):
+            if not filter_rules(s, min_rate, min_availability):
+                problems.append(f"{mode}: the filter rules did not catch this mutant")
+        else:
+            problems += filter_rules(s, min_rate, min_availability)
     return problems
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--duration", type=float, default=90, help="seconds of load per mode (default 90)")
-    p.add_argument("--mode", choices=("filter", "control", "both"), default="both")
+    p.add_argument("--mode", choices=MODES + ("both", "mutants"), default="both",
+                   help="both = filter and control; mutants = the broken filters (kpp.mutants), which must fail")
     p.add_argument("--seed", type=int, default=5)
     p.add_argument("--rate", type=float, default=300, help="target requests/s of all workers together")
     p.add_argument("--workers", type=int, default=16)
@@ -348,7 +415,8 @@ def main(argv=None) -> int:
     p.add_argument("--workdir", default=None, help="keep Envoy logs and raw results here")
     a = p.parse_args(argv)
     workdir = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="kpp-upgrade-sim-"))
-    modes = ("filter", "control") if a.mode == "both" else (a.mode,)
+    modes = {"both": ("filter", "control"), "mutants": tuple(m for m in MODES if m.startswith("mutant-"))}.get(
+        a.mode, (a.mode,))
     summaries = {}
     for mode in modes:
         summaries[mode] = run_mode(mode, a.duration, a.seed, workdir, rate=a.rate, workers=a.workers,
@@ -364,6 +432,10 @@ def main(argv=None) -> int:
             print(f"\n[{mode}] first false 404s:\n" + examples(s))
         if s["unavailable_examples"]:
             print(f"\n[{mode}] first judged requests without a 2xx:\n" + examples(s, key="unavailable_examples"))
+    for mode, s in summaries.items():
+        if mode != "filter":
+            tripped = filter_rules(s, min_availability=a.min_availability)
+            print(f"\nthe filter rules applied to {mode}: " + ("\n  " + "\n  ".join(tripped) if tripped else "all hold"))
     problems = verdict(summaries, min_availability=a.min_availability)
     print(f"\nraw results and Envoy logs: {workdir}")
     if problems:
