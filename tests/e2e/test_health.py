@@ -9,6 +9,7 @@
 | local apiserver down                    | 503 (Envoy: no upstream)   | 503               | ready: no; live: yes     |
 | draining (after SIGTERM)                | 503 (Envoy health_check)   | the apiserver's,  | ready: no; live: yes     |
 |                                         |                            | Connection: close |                          |
+|                                         |                            | / HTTP/2 GOAWAY   |                          |
 
 The probes are the manifest's own (kpp.static_envoy.probes), sent to the listener they name; the drain is
 the manifest's own entrypoint script. HTTP/1.0 without a Host header is served like HTTP/1.1 (HAProxy's
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import socket
 import ssl
+import subprocess
 import time
 
 from kpp import harness, render, static_envoy
@@ -162,6 +164,10 @@ def test_draining_turns_the_health_paths_503_first_then_stops_accepting_then_exi
     r = request(topo.url(COMMON))
     assert (r.status, r.headers.get("x-fake-apiserver"), r.headers.get("connection")) == (200, "a", "close"), \
         "while unready it still serves, and closes each connection after its answer"
+    # HTTP/2: a GOAWAY after the answer, so the next request opens a new connection.
+    two = subprocess.run(["curl", "-sv", "--http2-prior-knowledge", topo.url(COMMON), topo.url(COMMON),
+                          "-o", "/dev/null", "-o", "/dev/null"], capture_output=True, text=True, timeout=20)
+    assert "GOAWAY" in two.stderr and "Re-using existing connection" not in two.stderr, two.stderr
     assert http10(port, "/healthz")[0] == 503
     assert probe_results(topo.url(""), envoy.admin_url) == {"startupProbe": 503, "livenessProbe": 200,
                                                            "readinessProbe": 503}
