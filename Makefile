@@ -33,6 +33,7 @@ lint: setup
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
 	cargo clippy --release --target wasm32-wasip1 -- -D warnings
+	bash bench/noop/build.sh --lint
 
 test-native:
 	cargo test
@@ -116,7 +117,7 @@ compare-mvp: build k8s-build
 HOP_ARGS ?= --rounds 3 --paired 3
 .PHONY: hop
 hop: build k8s-build
-	cd bench/noop && cargo build --release --target wasm32-wasip1 --target-dir ../../target/bench-noop
+	bash bench/noop/build.sh
 	$(PY) scripts/k8s/hop.py $(HOP_ARGS)
 
 # ---- Rolling-upgrade simulation ----------------------------------------------------------------

@@ -19,8 +19,8 @@ wasm-opt -Oz -fimfs=0 --one-caller-inline-max-function-size=0 -g --strip-dwarf -
     target/size/wasm32-wasip1/release/kube_peer_proxy.wasm -o "$named"
 "$TWIGGY" top -n 1000000 -f csv "$named" > target/size/top.csv
 # The floor: bench/noop (proxy-wasm, std, a HashMap and a format!), built and optimized the same way.
-(cd bench/noop && cargo build --release --target wasm32-wasip1 --target-dir ../../target/bench-noop >&2)
-bash scripts/wasm-opt.sh target/bench-noop/wasm32-wasip1/release/kpp_bench_noop.wasm target/size/noop.opt.wasm
+bash bench/noop/build.sh >&2
+cp target/bench-noop/kpp_bench_noop.wasm target/size/noop.opt.wasm
 .venv/bin/python - <<'PY'
 import collections, csv, re
 from pathlib import Path

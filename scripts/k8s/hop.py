@@ -32,7 +32,7 @@ from kpp.cluster import DEFAULT_VERSION, ControlPlane, cpu_seconds
 
 CM = "/api/v1/namespaces/default/configmaps/hop-cm"
 ROOT = Path(__file__).resolve().parents[2]
-NOOP_WASM = ROOT / "target" / "bench-noop" / "wasm32-wasip1" / "release" / "kpp_bench_noop.wasm"
+NOOP_WASM = ROOT / "target" / "bench-noop" / "kpp_bench_noop.wasm"  # bench/noop/build.sh
 H2_OPTS = {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
     "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
     "explicit_http_config": {"http2_protocol_options": {}}}}

@@ -84,7 +84,12 @@ impl RootContext for Root {
     }
 
     fn create_http_context(&self, _id: u32) -> Option<Box<dyn HttpContext>> {
-        Some(Box::new(Filter { probe: self.probe, times: self.times, metric: self.metric, names: HashMap::new() }))
+        Some(Box::new(Filter {
+            probe: self.probe,
+            times: self.times,
+            metric: self.metric,
+            names: HashMap::new(),
+        }))
     }
 
     fn get_type(&self) -> Option<ContextType> {
@@ -132,7 +137,14 @@ impl Filter {
         let req = MapType::HttpRequestHeaders;
         match self.probe {
             Probe::Headers6 => {
-                for name in [":method", ":path", "accept", "x-kubernetes-peer-proxied", "x-kube-peer-proxy-route", "if-none-match"] {
+                for name in [
+                    ":method",
+                    ":path",
+                    "accept",
+                    "x-kubernetes-peer-proxied",
+                    "x-kube-peer-proxy-route",
+                    "if-none-match",
+                ] {
                     let _ = hostcalls::get_map_value_bytes(req, name);
                 }
             }

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The wasm floor of `make bench` and `make hop` (bench/noop), built exactly like the product's .wasm:
+# cargo's release build with the same profile (opt-level z, LTO, one codegen unit, panic=abort,
+# stripped), then the same scripts/wasm-opt.sh. `make lint` (so `make test`) runs it with --lint, which
+# first checks it with rustfmt and clippy (wasm target, -D warnings) like the product.
+#
+#   bash bench/noop/build.sh [--lint]     -> target/bench-noop/kpp_bench_noop.wasm
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+ROOT="$(cd ../.. && pwd)"
+TARGET_DIR="$ROOT/target/bench-noop"
+if [[ "${1:-}" == "--lint" ]]; then
+    cargo fmt --check
+    cargo clippy --release --target wasm32-wasip1 --target-dir "$TARGET_DIR" -- -D warnings
+fi
+cargo build --release --target wasm32-wasip1 --target-dir "$TARGET_DIR"
+bash "$ROOT/scripts/wasm-opt.sh" "$TARGET_DIR/wasm32-wasip1/release/kpp_bench_noop.wasm" "$TARGET_DIR/kpp_bench_noop.wasm"
