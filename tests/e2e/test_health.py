@@ -89,6 +89,8 @@ def test_health_paths_before_the_first_snapshot_while_serving_and_with_the_local
     before = answers(topo)
     assert before == {"/healthz": (503, "filter"), "/readyz": (503, "filter"), "/readyz?verbose": (503, "filter"),
                       "/livez": (200, "a")}, before
+    # Without the filter's answer the load balancer would get the local apiserver's 200 (Envoy forwards it).
+    assert request(f"{topo.a.url}/readyz").status == 200 and request(f"{topo.a.url}/healthz").status == 200
     body = request(topo.url("/readyz?verbose")).body.decode()
     assert "no discovery snapshot yet" in body and body.endswith("readyz check failed\n"), body
     # It serves locally all the while: only routing to the peers waits for the snapshot.
