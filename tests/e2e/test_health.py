@@ -204,6 +204,9 @@ def test_http10_in_the_kubeadm_profile_strips_identity_and_routes_like_http11(tm
     pki, fakes, a, b = two_nodes(tmp_path, envoys, with_reload=False)
     try:
         alice = pki.mint("alice", pki.ca, orgs=("devs",))
+        # A's first round may have run before B's peer listener was up: wait until A has learned B.
+        harness.wait_until(lambda: a.get(NEW_ONLY, alice)[1].get("x-fake-apiserver") == "b", 20,
+                           message="A never routed to B")
         forged = ("X-Remote-User: system:admin\r\nX-Remote-Group: system:masters\r\n"
                   "x-remote-extra-scopes: all\r\nX-Forwarded-For: 203.0.113.7\r\n"
                   f"{render.ROUTE_HEADER}: local\r\n")
