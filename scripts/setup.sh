@@ -52,7 +52,8 @@ missing_apt_packages() {
         # A package is there when its command is (binaryen's is wasm-opt).
         local cmd="$p"
         [[ "$p" == binaryen ]] && cmd=wasm-opt
-        command -v "$cmd" >/dev/null || echo "$p"
+        # haproxy lives in /usr/sbin, which a user's PATH may not have.
+        command -v "$cmd" >/dev/null || [[ -x "/usr/sbin/$cmd" ]] || echo "$p"
     done
 }
 

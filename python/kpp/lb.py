@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import socket
 import string
 import subprocess
@@ -86,6 +87,14 @@ backend apiserverbackend
 HOST_LINE = "    server ${HOST1_ID} ${HOST1_ADDRESS}:${APISERVER_SRC_PORT} check verify none\n"
 # HAProxy's defaults for what the guide leaves out (`inter`, `fall`, `rise`).
 CHECK_INTERVAL, FALL, RISE = 2.0, 3, 2
+
+
+def haproxy_binary() -> str:
+    """Debian's haproxy (scripts/setup.sh installs it); /usr/sbin may be missing from a user's PATH."""
+    found = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
+    if not found:
+        raise RuntimeError("haproxy is missing: run scripts/setup.sh (apt-get install haproxy)")
+    return found
 
 
 def haproxy_config(listen: tuple[str, int], servers: list[tuple[str, str, int]], log_socket: Path) -> str:
@@ -159,11 +168,11 @@ class HAProxy:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._sock.bind(str(self.log_socket))
         self._sock.settimeout(0.2)
-        check = subprocess.run(["haproxy", "-c", "-f", str(self.config_path)], capture_output=True, text=True)
+        check = subprocess.run([haproxy_binary(), "-c", "-f", str(self.config_path)], capture_output=True, text=True)
         if check.returncode != 0:
             raise RuntimeError(f"haproxy -c refused the guide's configuration:\n{check.stdout}{check.stderr}")
         self.stderr_path = self.workdir / "haproxy.stderr"
-        self.process = subprocess.Popen(["haproxy", "-db", "-f", str(self.config_path)], stdin=subprocess.DEVNULL,
+        self.process = subprocess.Popen([haproxy_binary(), "-db", "-f", str(self.config_path)], stdin=subprocess.DEVNULL,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                         start_new_session=True)
         for target in (self._read_syslog, self._read_stderr):

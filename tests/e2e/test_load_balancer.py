@@ -45,7 +45,7 @@ def test_haproxy_runs_the_kubeadm_guides_configuration_with_only_placeholders_fi
         assert f"    {line}" in ours
     assert "inter" not in cfg and "fall" not in cfg and "rise" not in cfg, "HAProxy's defaults: 2 s, 3, 2"
     (tmp_path / "haproxy.cfg").write_text(cfg)
-    check = subprocess.run(["haproxy", "-c", "-f", str(tmp_path / "haproxy.cfg")], capture_output=True, text=True)
+    check = subprocess.run([lb.haproxy_binary(), "-c", "-f", str(tmp_path / "haproxy.cfg")], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
 
 
