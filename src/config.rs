@@ -433,3 +433,43 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
 fn is_header_char(b: u8) -> bool {
     b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_' || b == b'.'
 }
+
+/// Root id of the peer listener's gate (`src/wasm/peer_gate.rs`): another role of the same module.
+pub const PEER_GATE_ROOT_ID: &str = "kube-peer-proxy-peer-gate";
+
+/// The fields of the peer gate's configuration.
+pub const PEER_GATE_FIELDS: &[&str] = &["allowed_names"];
+
+/// The peer listener's gate: which verified front-proxy-CA certificates may assert identities, as
+/// kube-apiserver's `--requestheader-allowed-names` (subject CN only; empty = any).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerGateConfig {
+    pub allowed_names: Vec<String>,
+}
+
+impl PeerGateConfig {
+    pub fn parse(bytes: &[u8]) -> Result<PeerGateConfig, String> {
+        let v: Value = serde_json::from_slice(bytes).map_err(|e| format!("configuration: invalid JSON: {e}"))?;
+        let obj = v.as_object().ok_or("configuration: expected a JSON object")?;
+        for k in obj.keys() {
+            if !PEER_GATE_FIELDS.contains(&k.as_str()) {
+                return Err(format!("{k}: unknown field (known: {})", PEER_GATE_FIELDS.join(", ")));
+            }
+        }
+        let list = obj
+            .get("allowed_names")
+            .ok_or("allowed_names: missing (an empty list allows any name)")?;
+        let items = list
+            .as_array()
+            .ok_or_else(|| format!("allowed_names: expected a list, got {}", kind(list)))?;
+        let mut allowed_names = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            let name = item
+                .as_str()
+                .ok_or_else(|| format!("allowed_names[{i}]: expected a string, got {}", kind(item)))?;
+            non_empty(&format!("allowed_names[{i}]"), name)?;
+            allowed_names.push(name.to_string());
+        }
+        Ok(PeerGateConfig { allowed_names })
+    }
+}

@@ -61,10 +61,12 @@
 //! * `#` hex values: an error for CN and O (Go accepts only string values, so the two cannot be
 //!   reconciled), syntax-checked and ignored for any other attribute: BoringSSL prints every attribute
 //!   with an OID it does not know that way, and such an attribute changes nothing in the identity;
-//! * the Kubernetes UID attribute (`1.3.6.1.4.1.57683.2`, always printed as `#…`): an error when the
-//!   CN is not empty. The apiserver would attach that UID to the user (or refuse the certificate if
-//!   the attribute is repeated, empty or not a string), [`CertIdentity`] carries no UID and kubeadm
-//!   configures no UID header, so asserting the identity without it would not be faithful;
+//! * the Kubernetes UID attribute (`1.3.6.1.4.1.57683.2`, always printed as `#…`, the hex of its
+//!   DER): decoded as `parseUIDFromCert` reads it (x509.go, 1.36): the value must be a DER string
+//!   (the string types above), exactly one such attribute, not empty; otherwise an error, as the
+//!   apiserver refuses such a certificate. The UID is asserted in the first configured UID header
+//!   (`--requestheader-uid-headers`); with none configured (kubeadm configures none) the assertion
+//!   fails rather than drop the UID (see [`RequestHeaderNames::assert`]);
 //! * other attributes (OU, C, L, ST, emailAddress, LDAP `UID`, …) are ignored.
 //!
 //! `Err` means "the identity cannot be stated faithfully": the caller must assert nothing for such a
@@ -97,7 +99,18 @@ pub struct CertIdentity {
     /// The subject's organizations, in certificate order (duplicates and empty values kept, as Go's
     /// `pkix.Name.Organization`).
     pub groups: Vec<String>,
+    /// The Kubernetes user UID attribute, when the certificate has one (never empty).
+    pub uid: Option<String>,
 }
+
+/// Every header of the `X-Remote-` family is removed from client requests, whatever names the
+/// apiservers are configured with (user, UID, groups, extra: kube-apiserver's own defaults and
+/// kubeadm's all use this prefix), besides the configured names themselves.
+pub const REMOTE_PREFIX: &str = "x-remote-";
+
+/// `X-Real-Ip`: kube-apiserver reads it into the audit log's `sourceIPs` (apimachinery
+/// `utilnet.SourceIPs`, after `X-Forwarded-For`), so a client's copy is removed too.
+pub const REAL_IP_HEADER: &str = "x-real-ip";
 
 /// Which attribute an RDN component is, as far as the identity is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,11 +121,11 @@ enum Kind {
     Other,
 }
 
-/// An attribute value: a decoded string, or a `#` hex dump of its DER (not decoded).
+/// An attribute value: a decoded string, or a `#` hex dump of its DER (the DER bytes).
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Value {
     Text(String),
-    Hex,
+    Hex(Vec<u8>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,14 +143,51 @@ struct Attribute {
 /// asserted faithfully (see the module documentation).
 pub fn from_subject(rfc2253: &str) -> Result<Option<CertIdentity>, String> {
     let attributes = parse_attributes(rfc2253)?;
-    let mut common_name: &str = "";
+    let common_name = common_name_of(&attributes)?;
     let mut groups = Vec::new();
-    let mut uid_seen = false;
+    let mut uids = Vec::new();
     // Envoy prints the attributes last to first: walk them in certificate order, as
     // `pkix.Name.FillFromRDNSequence` does.
     for attribute in attributes.iter().rev() {
         match (attribute.kind, &attribute.value) {
-            (Kind::CommonName | Kind::Organization, Value::Hex) => {
+            (Kind::Organization, Value::Text(value)) => groups.push(value.clone()),
+            (Kind::KubernetesUid, value) => uids.push(value),
+            _ => {}
+        }
+    }
+    if common_name.is_empty() {
+        return Ok(None);
+    }
+    // `parseUIDFromCert` (x509.go): only after the CN check, as `CommonNameUserConversion` does.
+    let uid = match uids.as_slice() {
+        [] => None,
+        [value] => {
+            let uid = match value {
+                Value::Text(text) => text.clone(),
+                Value::Hex(der) => der_string(der)
+                    .ok_or_else(|| format!("the user UID attribute ({KUBERNETES_UID_OID}) is not a DER string"))?,
+            };
+            if uid.is_empty() {
+                return Err("UID cannot be an empty string".to_string());
+            }
+            Some(uid)
+        }
+        _ => return Err(format!("expected 1 UID, but found {}", uids.len())),
+    };
+    Ok(Some(CertIdentity {
+        user: common_name.to_string(),
+        groups,
+        uid,
+    }))
+}
+
+/// Go's `pkix.Name.CommonName` of the subject: the last CN in certificate order (the first printed);
+/// empty when there is none. A CN that is not a string is an error (Go refuses the certificate).
+fn common_name_of(attributes: &[Attribute]) -> Result<&str, String> {
+    let mut common_name: &str = "";
+    for attribute in attributes.iter().rev() {
+        match (attribute.kind, &attribute.value) {
+            (Kind::CommonName | Kind::Organization, Value::Hex(_)) => {
                 return Err(format!(
                     "subject attribute {} has a hex-encoded (non-string) value, which kube-apiserver \
                      does not accept",
@@ -145,23 +195,82 @@ pub fn from_subject(rfc2253: &str) -> Result<Option<CertIdentity>, String> {
                 ));
             }
             (Kind::CommonName, Value::Text(value)) => common_name = value,
-            (Kind::Organization, Value::Text(value)) => groups.push(value.clone()),
-            (Kind::KubernetesUid, _) => uid_seen = true,
-            (Kind::Other, _) => {}
+            _ => {}
         }
     }
-    if common_name.is_empty() {
-        return Ok(None);
+    Ok(common_name)
+}
+
+/// The peer listener's check, as kube-apiserver's `--requestheader-allowed-names`
+/// (`x509.go`, `Verifier.verifySubject`): the verified certificate's subject CN must be one of the
+/// allowed names; SANs are never looked at; an empty list allows every certificate of the CA.
+pub fn peer_allowed(rfc2253: &str, allowed: &[String]) -> Result<(), String> {
+    if allowed.is_empty() {
+        return Ok(());
     }
-    if uid_seen {
-        return Err(format!(
-            "subject carries a Kubernetes user UID ({KUBERNETES_UID_OID}), which cannot be asserted"
-        ));
+    let attributes = parse_attributes(rfc2253)?;
+    let cn = common_name_of(&attributes)?;
+    if allowed.iter().any(|a| a == cn) {
+        Ok(())
+    } else {
+        Err(format!("x509: subject with cn={cn} is not in the allowed list"))
     }
-    Ok(Some(CertIdentity {
-        user: common_name.to_string(),
-        groups,
-    }))
+}
+
+/// A DER string value as Go's `parseASN1String` decodes it: UTF8String, PrintableString, IA5String,
+/// NumericString, T61String (as Latin-1) and BMPString; `None` for any other tag, a bad length or an
+/// invalid encoding.
+fn der_string(der: &[u8]) -> Option<String> {
+    let (&tag, rest) = der.split_first()?;
+    let (&first, rest) = rest.split_first()?;
+    let (len, content) = if first < 0x80 {
+        (usize::from(first), rest)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 || rest.len() < n {
+            return None;
+        }
+        let (len_bytes, content) = rest.split_at(n);
+        let len = len_bytes.iter().fold(0usize, |acc, &b| acc << 8 | usize::from(b));
+        // DER: the shortest length form
+        if len < 0x80 || len_bytes.first() == Some(&0) {
+            return None;
+        }
+        (len, content)
+    };
+    if content.len() != len {
+        return None;
+    }
+    match tag {
+        0x0c => String::from_utf8(content.to_vec()).ok(),
+        0x13 => content
+            .iter()
+            .all(|&b| b.is_ascii_alphanumeric() || b" '()+,-./:=?*&".contains(&b))
+            .then(|| String::from_utf8_lossy(content).into_owned()),
+        0x16 => content
+            .is_ascii()
+            .then(|| String::from_utf8_lossy(content).into_owned()),
+        0x12 => content
+            .iter()
+            .all(|&b| b.is_ascii_digit() || b == b' ')
+            .then(|| String::from_utf8_lossy(content).into_owned()),
+        0x14 => Some(content.iter().map(|&b| char::from(b)).collect()),
+        0x1e => {
+            if content.len() % 2 != 0 {
+                return None;
+            }
+            let units: Vec<u16> = content
+                .chunks(2)
+                .filter_map(|c| match c {
+                    [high, low] => Some(u16::from(*high) << 8 | u16::from(*low)),
+                    _ => None,
+                })
+                .collect();
+            let units = units.strip_suffix(&[0]).unwrap_or(&units);
+            String::from_utf16(units).ok()
+        }
+        _ => None,
+    }
 }
 
 /// Splits an RFC 4514 string into its attributes, in printed order. The empty string is an empty
@@ -193,8 +302,16 @@ fn parse_attributes(dn: &str) -> Result<Vec<Attribute>, String> {
         let kind = classify(name).map_err(|e| format!("subject: {e} at byte {start}"))?;
         i += 1;
         let value = if bytes.get(i) == Some(&b'#') {
-            i = skip_hex_value(bytes, i + 1).map_err(|e| format!("subject attribute {name}: {e}"))?;
-            Value::Hex
+            let start = i + 1;
+            i = skip_hex_value(bytes, start).map_err(|e| format!("subject attribute {name}: {e}"))?;
+            Value::Hex(
+                bytes
+                    .get(start..i)
+                    .unwrap_or_default()
+                    .chunks(2)
+                    .filter_map(|pair| Some(hex_digit(*pair.first()?)? << 4 | hex_digit(*pair.get(1)?)?))
+                    .collect(),
+            )
         } else {
             let (text, end) = string_value(bytes, i).map_err(|e| format!("subject attribute {name}: {e}"))?;
             i = end;
@@ -419,25 +536,38 @@ impl RequestHeaderNames {
     /// (case-insensitive, as the apiserver compares them). Configured names are trimmed, as
     /// kube-apiserver trims them.
     pub fn is_identity_header(&self, name: &str) -> bool {
-        self.username
-            .iter()
-            .chain(&self.uid)
-            .chain(&self.group)
-            .any(|h| eq_fold(name, h.trim()))
+        starts_with_fold(name, REMOTE_PREFIX)
+            || self
+                .username
+                .iter()
+                .chain(&self.uid)
+                .chain(&self.group)
+                .any(|h| eq_fold(name, h.trim()))
             || self.extra_prefix.iter().any(|p| starts_with_fold(name, p.trim()))
     }
 
-    /// The headers to add upstream for an identity: (first username header, user), and one (first
-    /// group header, group) per non-empty group, in order; names lower-case. Fails (and nothing may
-    /// be asserted) when the user is empty, a user or group contains a control character (CR, LF,
-    /// NUL, …) or a leading/trailing space, or a needed header name is not configured or not a valid
-    /// header name.
+    /// What a client must never send through the proxy: an identity header, or `X-Real-Ip`.
+    pub fn is_stripped(&self, name: &str) -> bool {
+        self.is_identity_header(name) || eq_fold(name, REAL_IP_HEADER)
+    }
+
+    /// The headers to add upstream for an identity: (first username header, user), (first UID
+    /// header, UID) when the certificate carries one, and one (first group header, group) per
+    /// non-empty group, in order; names lower-case. Fails (and nothing may be asserted) when the user
+    /// is empty, a user, UID or group contains a control character (CR, LF, NUL, …) or a
+    /// leading/trailing space, or a needed header name is not configured (a UID with no UID header)
+    /// or not a valid header name.
     pub fn assert(&self, id: &CertIdentity) -> Result<Vec<(String, String)>, String> {
         if id.user.is_empty() {
             return Err("the user name is empty".to_string());
         }
         check_value("user", &id.user)?;
         let mut headers = vec![(first_header(&self.username, "username")?, id.user.clone())];
+        if let Some(uid) = &id.uid {
+            // Without a UID header the apiserver would see this user without its UID: refuse instead.
+            check_value("UID", uid)?;
+            headers.push((first_header(&self.uid, "UID")?, uid.clone()));
+        }
         let groups: Vec<&String> = id.groups.iter().filter(|g| !g.is_empty()).collect();
         if groups.is_empty() {
             return Ok(headers);

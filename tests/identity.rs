@@ -2,12 +2,13 @@
 //! concludes → the request headers asserting it.
 #![cfg(test)]
 
-use kube_peer_proxy::identity::{from_subject, CertIdentity, RequestHeaderNames};
+use kube_peer_proxy::identity::{from_subject, peer_allowed, CertIdentity, RequestHeaderNames};
 
 fn id(user: &str, groups: &[&str]) -> Option<CertIdentity> {
     Some(CertIdentity {
         user: user.to_string(),
         groups: groups.iter().map(|g| g.to_string()).collect(),
+        uid: None,
     })
 }
 
@@ -120,11 +121,97 @@ fn envoy_captured_subjects() {
 }
 
 #[test]
-fn kubernetes_uid_attribute_is_refused() {
-    // The apiserver would attach this UID to the user (AllowParsingUserUIDFromCertAuth).
-    let err = from_subject("CN=u,1.3.6.1.4.1.57683.2=#1309313233342D61626364").unwrap_err();
-    assert!(err.contains("1.3.6.1.4.1.57683.2"), "{err}");
-    assert!(from_subject("CN=u,1.3.6.1.4.1.57683.2=abc").is_err());
+fn kubernetes_uid_attribute_is_read_as_parse_uid_from_cert_does() {
+    // x509.go parseUIDFromCert (AllowParsingUserUIDFromCertAuth, beta, on): one string value.
+    let with_uid = |uid: &str| CertIdentity {
+        user: "u".into(),
+        groups: vec![],
+        uid: Some(uid.into()),
+    };
+    for (subject, want) in [
+        // PrintableString "1234-abcd", UTF8String "1234-abcd", IA5String "x", BMPString "ab"
+        ("CN=u,1.3.6.1.4.1.57683.2=#1309313233342D61626364", "1234-abcd"),
+        ("1.3.6.1.4.1.57683.2=#0C09313233342D61626364,CN=u", "1234-abcd"),
+        ("CN=u+1.3.6.1.4.1.57683.2=#160178", "x"),
+        ("CN=u,1.3.6.1.4.1.57683.2=#1E0400610062", "ab"),
+    ] {
+        assert_eq!(from_subject(subject).unwrap(), Some(with_uid(want)), "{subject}");
+    }
+    for (subject, why) in [
+        ("CN=u,1.3.6.1.4.1.57683.2=#0C00", "empty"),
+        (
+            "CN=u,1.3.6.1.4.1.57683.2=#0C0161,1.3.6.1.4.1.57683.2=#0C0162",
+            "two UIDs",
+        ),
+        ("CN=u,1.3.6.1.4.1.57683.2=#020101", "an INTEGER"),
+        ("CN=u,1.3.6.1.4.1.57683.2=#0C0261", "length beyond the value"),
+        ("CN=u,1.3.6.1.4.1.57683.2=#0C016162", "bytes after the value"),
+        ("CN=u,1.3.6.1.4.1.57683.2=#0C81016161", "non-minimal length"),
+        ("CN=u,1.3.6.1.4.1.57683.2=#0C01FF", "invalid UTF-8"),
+        (r"CN=u,1.3.6.1.4.1.57683.2=#1301\2A", "not hex"),
+    ] {
+        assert!(from_subject(subject).is_err(), "{why}: {subject}");
+    }
+    // No CN: not authenticated, before the UID is looked at (CommonNameUserConversion).
+    assert_eq!(from_subject("1.3.6.1.4.1.57683.2=#0C00").unwrap(), None);
+}
+
+#[test]
+fn a_uid_is_asserted_only_in_a_configured_uid_header() {
+    let id = CertIdentity {
+        user: "u".into(),
+        groups: vec!["g".into()],
+        uid: Some("1234".into()),
+    };
+    // kubeadm configures no UID header: asserting the user without its UID would not be faithful.
+    let err = RequestHeaderNames::default().assert(&id).unwrap_err();
+    assert!(err.contains("UID"), "{err}");
+    let with_uid = RequestHeaderNames {
+        uid: vec!["X-Remote-Uid".into()],
+        ..RequestHeaderNames::default()
+    };
+    assert_eq!(
+        with_uid.assert(&id).unwrap(),
+        pairs(&[
+            ("x-remote-user", "u"),
+            ("x-remote-uid", "1234"),
+            ("x-remote-group", "g")
+        ])
+    );
+    let bad = CertIdentity {
+        uid: Some("a\nb".into()),
+        ..id
+    };
+    assert!(with_uid.assert(&bad).is_err());
+}
+
+#[test]
+fn peer_listener_accepts_exactly_the_allowed_common_names() {
+    // kube-apiserver's --requestheader-allowed-names (x509.go verifySubject): the subject's CN,
+    // never a SAN (SANs are not even in the subject string); an empty list allows any.
+    let allowed = vec!["front-proxy-client".to_string()];
+    for ok in [
+        "CN=front-proxy-client",
+        "CN=front-proxy-client,O=x",
+        "O=y,CN=front-proxy-client",
+    ] {
+        assert_eq!(peer_allowed(ok, &allowed), Ok(()), "{ok}");
+    }
+    for refused in [
+        "CN=evil-proxy",
+        "",
+        "O=front-proxy-client",
+        r"OU=CN\=front-proxy-client,CN=evil",
+        // Go's CommonName is the last CN in certificate order, i.e. the first printed
+        "CN=evil,CN=front-proxy-client",
+        r"CN=front-proxy-client\ ",
+        "CN=Front-Proxy-Client",
+        "CN=#0C1266726F6E742D70726F78792D636C69656E74",
+        "CN=front-proxy-client,bad",
+    ] {
+        assert!(peer_allowed(refused, &allowed).is_err(), "{refused:?}");
+    }
+    assert_eq!(peer_allowed("CN=anything", &[]), Ok(()));
 }
 
 #[test]
@@ -267,19 +354,30 @@ fn identity_headers() {
     ] {
         assert!(names.is_identity_header(name), "{name:?}");
     }
+    // The whole X-Remote- family, whatever the flags name (X-Remote-Uid with
+    // --requestheader-uid-headers, which kubeadm does not set).
     for name in [
         "x-remote-users",
-        "x-remote-use",
-        "x-remote-extra",
         "x-remote-uid",
+        "X-Remote-Uid",
         "x-remote-groups",
+        "x-remote-extra",
+        "X-REMOTE-",
+    ] {
+        assert!(names.is_identity_header(name), "{name:?}");
+    }
+    for name in [
+        "x-remote",
+        "x-remot-user",
         "authorization",
         "x_remote_user",
         "",
         "impersonate-user",
+        "x-real-ip",
     ] {
         assert!(!names.is_identity_header(name), "{name:?}");
     }
+    assert!(names.is_stripped("X-Real-IP") && names.is_stripped("x-remote-uid") && !names.is_stripped("x-real"));
 
     let custom = RequestHeaderNames {
         username: vec!["x-user".into(), "X-Alt-User".into()],
@@ -290,7 +388,13 @@ fn identity_headers() {
     for name in ["x-user", "x-alt-user", "X-UID", "x-groups", "x-extra-a", "x-other-b"] {
         assert!(custom.is_identity_header(name), "{name:?}");
     }
-    for name in ["x-remote-user", "x-remote-group", "x-remote-extra-a", "x-extra"] {
+    for name in ["x-remote-user", "x-remote-group", "x-remote-extra-a"] {
+        assert!(
+            custom.is_identity_header(name),
+            "the X-Remote- family, always: {name:?}"
+        );
+    }
+    for name in ["x-extra", "x-use"] {
         assert!(!custom.is_identity_header(name), "{name:?}");
     }
 }

@@ -2,15 +2,19 @@
 //! identity always has a user, and a successful assertion never carries a value that could break
 //! out of its header or be altered by HTTP whitespace stripping.
 #![no_main]
-use kube_peer_proxy::identity::{from_subject, RequestHeaderNames};
+use kube_peer_proxy::identity::{from_subject, peer_allowed, RequestHeaderNames};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let subject = String::from_utf8_lossy(data);
+    // The peer listener's check agrees with the identity: the CN it compares is the user.
+    let _ = peer_allowed(&subject, &["front-proxy-client".to_string()]);
     let Ok(Some(id)) = from_subject(&subject) else {
         return;
     };
     assert!(!id.user.is_empty());
+    assert_eq!(peer_allowed(&subject, &[id.user.clone()]), Ok(()));
+    assert_ne!(id.uid.as_deref(), Some(""));
     let names = RequestHeaderNames::default();
     let Ok(headers) = names.assert(&id) else {
         return;

@@ -149,14 +149,16 @@ def openssl(*args, cwd=None):
 
 
 def mint_cert(out: Path, cn: str, *, ca_crt: Path | None, ca_key: Path | None, orgs=(), eku: str = "clientAuth",
-              sans: str | None = None, days: int = 2) -> tuple[Path, Path]:
+              sans: str | None = None, days: int = 2, subject: str | None = None) -> tuple[Path, Path]:
     """An EC key and a certificate for `cn` (O=each of orgs) signed by ca (or a self-signed CA when
     ca_crt is None: then the result *is* a CA). eku: extendedKeyUsage value(s), e.g. "clientAuth",
-    "serverAuth"; sans: subjectAltName value, e.g. "DNS:kubernetes.default.svc,IP:127.0.0.1"."""
+    "serverAuth"; sans: subjectAltName value, e.g. "DNS:kubernetes.default.svc,IP:127.0.0.1";
+    subject: an openssl -subj string used instead of cn and orgs (attributes in certificate order,
+    e.g. "/CN=a/CN=b" or "/CN=u/k8suid=1234", k8suid being the Kubernetes user-UID attribute)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     key, crt = out.with_suffix(".key"), out.with_suffix(".crt")
     openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", str(key))
-    subj = "/" + "/".join([f"O={o}" for o in orgs] + [f"CN={cn}"])
+    subj = subject or "/" + "/".join([f"O={o}" for o in orgs] + [f"CN={cn}"])
     if ca_crt is None:
         openssl("req", "-x509", "-new", "-key", str(key), "-subj", subj, "-days", str(days), "-out", str(crt),
                 "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
@@ -169,7 +171,12 @@ def mint_cert(out: Path, cn: str, *, ca_crt: Path | None, ca_key: Path | None, o
         lines.append(f"subjectAltName={sans}")
     ext.write_text("\n".join(lines) + "\n")
     csr = out.with_suffix(".csr")
-    openssl("req", "-new", "-key", str(key), "-subj", subj, "-out", str(csr))
+    # `k8suid` in a subject names Kubernetes' user-UID attribute (openssl skips unknown numeric OIDs)
+    cnf = out.with_suffix(".cnf")
+    cnf.write_text("oid_section = oids\n[oids]\nk8suid = 1.3.6.1.4.1.57683.2\n"
+                   "[req]\ndistinguished_name = dn\n[dn]\n")
+    openssl("req", "-new", "-config", str(cnf), "-key", str(key), "-subj", subj, "-multivalue-rdn", "-utf8",
+            "-out", str(csr))
     openssl("x509", "-req", "-in", str(csr), "-CA", str(ca_crt), "-CAkey", str(ca_key), "-CAcreateserial",
             "-days", str(days), "-extfile", str(ext), "-out", str(crt))
     return crt, key

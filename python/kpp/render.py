@@ -27,6 +27,7 @@ FILTER_REPLY_HEADER = "x-kube-peer-proxy-reply"
 VM_ID = "kube-peer-proxy"
 FILTER_ROOT_ID = "kube-peer-proxy"
 DISCOVERY_ROOT_ID = "kube-peer-proxy-discovery"
+PEER_GATE_ROOT_ID = "kube-peer-proxy-peer-gate"  # the peer listener's CN check (src/wasm/peer_gate.rs)
 # Label names encoded as `;name=value` in our stat names (src/metrics.rs LABELS).
 LABELS = ["code", "group", "version", "resource", "type", "server", "doc"]
 
@@ -246,6 +247,8 @@ DISCOVERY_USER = "system:kube-peer-proxy"
 # The certless twin of the local cluster (requests without an asserted identity).
 ANON_SUFFIX = "-anon"
 KUBEADM_SNI = "kubernetes.default.svc"
+# Every client copy of a header with this prefix is removed (src/identity.rs REMOTE_PREFIX).
+REMOTE_PREFIX = "x-remote-"
 
 
 # Renewed PKI files are picked up while Envoy runs (docs/deploy.md "Certificate renewal"). Every PKI
@@ -387,8 +390,11 @@ def render_kubeadm(*, node, node_ip, apiserver, wasm_path, peers=None, leases=No
     chain["transport_socket"] = _tls_downstream(sds_dir, "cluster-ca", False)
     hcm = chain["filters"][0]["typed_config"]
     identity = rh["username_headers"] + rh["uid_headers"] + rh["group_headers"]
+    # The whole X-Remote- family goes, whatever the apiservers' flags name (X-Remote-Uid included), and
+    # X-Real-Ip, which kube-apiserver would put into the audit log's sourceIPs.
     hcm["early_header_mutation_extensions"] = _strip_headers(
-        identity + [ROUTE_HEADER, ADDRESS_HEADER, "x-forwarded-for"], rh["extra_headers_prefixes"])
+        identity + [ROUTE_HEADER, ADDRESS_HEADER, "x-forwarded-for", "x-real-ip"],
+        sorted(set(rh["extra_headers_prefixes"]) | {REMOTE_PREFIX}))
     # X-Forwarded-For is the client's address, from the connection: audit's sourceIPs show the client.
     hcm["use_remote_address"] = True
     # Route 1 (a peer the filter chose) stays; local requests go to `local` when the filter
@@ -415,12 +421,15 @@ def render_kubeadm(*, node, node_ip, apiserver, wasm_path, peers=None, leases=No
              "route": {"cluster": "local", "timeout": "0s"}},
             {"match": {"prefix": "/"}, "route": {"cluster": "local" + ANON_SUFFIX, "timeout": "0s"}}]}]},
         "http_filters": [
-            {"name": "envoy.filters.http.rbac", "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC",
-                "rules": {"action": "ALLOW", "policies": {"front-proxy": {
-                    "permissions": [{"any": True}],
-                    "principals": [{"authenticated": {"principal_name": {"exact": f"CN={n}"}}}
-                                   for n in peer_allowed_names]}}}}},
+            # A verified client certificate is required (the TLS context), and its subject CN must be
+            # an allowed name, exactly as kube-apiserver's --requestheader-allowed-names checks it: the
+            # wasm gate. (Envoy's RBAC principal_name cannot: it matches a URI or DNS SAN first.)
+            # FAIL_CLOSED: a gate that cannot run refuses.
+            {"name": "envoy.filters.http.wasm", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+                "config": {**_wasm_config("kube-peer-proxy-peer-gate", PEER_GATE_ROOT_ID,
+                                          json.dumps({"allowed_names": list(peer_allowed_names)}), wasm_path),
+                           "failure_policy": "FAIL_CLOSED"}}},
             {"name": "envoy.filters.http.router", "typed_config": {
                 "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}],
     }
@@ -469,13 +478,18 @@ def main(argv=None):
     if "--kubeadm" in argv:
         return _main_kubeadm(argv)
     p = argparse.ArgumentParser(prog="python -m kpp.render", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--node", required=True)
-    p.add_argument("--listen", type=int, required=True)
-    p.add_argument("--admin", type=int, required=True)
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Two profiles: this plain one (loopback, tests and the demo), and the kubeadm "
+                                       "control-plane profile: `python -m kpp.render --kubeadm PKI_DIR --help` lists "
+                                       "its options (docs/deploy.md). `--demo [DIR]` writes the demo's bootstraps.")
+    p.add_argument("--kubeadm", metavar="PKI_DIR",
+                   help="render the kubeadm control-plane profile instead (its own options: --kubeadm PKI_DIR --help)")
+    p.add_argument("--node", required=True, help="this apiserver's name (metrics, logs, merged discovery order)")
+    p.add_argument("--listen", type=int, required=True, help="Envoy's listener port (127.0.0.1)")
+    p.add_argument("--admin", type=int, required=True, help="Envoy's admin port (127.0.0.1)")
     p.add_argument("--local", required=True, help="host:port of the local apiserver")
     p.add_argument("--peer", action="append", default=[], help="name=host:port (repeatable)")
-    p.add_argument("--wasm", required=True)
+    p.add_argument("--wasm", required=True, help="path of the kube-peer-proxy .wasm as Envoy sees it")
     p.add_argument("--plugin-json", default=None, help="JSON object of plugin config overrides")
     p.add_argument("--upstream-tls-sni", default=None, help="TLS to the apiservers with this SNI (and SAN)")
     p.add_argument("--upstream-ca", default=None,
@@ -496,28 +510,43 @@ def main(argv=None):
 
 def _main_kubeadm(argv):
     """`--kubeadm PKI_DIR`: the bootstrap of one kubeadm control-plane node (docs/deploy.md)."""
-    p = argparse.ArgumentParser(prog="python -m kpp.render --kubeadm")
+    p = argparse.ArgumentParser(
+        prog="python -m kpp.render --kubeadm", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="The kubeadm control-plane profile (docs/deploy.md): Envoy on <node-ip>:6443 for clients and "
+                    "<node-ip>:<peer-port> for the other nodes' proxies, in front of the kube-apiserver moved to "
+                    "127.0.0.1:6443. Peers: one --peer per other control-plane node; or lease mode "
+                    "(--lease-local-hostname: peers from the apiservers' identity leases; every node needs a "
+                    "distinct hostname); a single control-plane node gives neither (no peers).")
     p.add_argument("--kubeadm", required=True, metavar="PKI_DIR", help="kubeadm PKI directory (/etc/kubernetes/pki)")
-    p.add_argument("--node", required=True, help="this node's name (metrics, logs)")
-    p.add_argument("--node-ip", required=True, help="the node's address: Envoy takes :6443 and :6444 there")
+    p.add_argument("--node", required=True, help="this node's name (metrics, logs, merged discovery order)")
+    p.add_argument("--node-ip", required=True, help="the node's address: Envoy takes :6443 and the peer port there")
     p.add_argument("--apiserver", default="127.0.0.1:6443", help="where the local kube-apiserver now binds")
-    p.add_argument("--peer", action="append", default=[], help="name=node-ip of another control-plane node")
-    p.add_argument("--lease-local-hostname", default=None, help="lease mode: this node's kubernetes.io/hostname")
-    p.add_argument("--wasm", required=True)
-    p.add_argument("--admin-port", type=int, default=9901)
-    p.add_argument("--access-log", default=None)
+    p.add_argument("--peer", action="append", default=[],
+                   help="name=node-ip of another control-plane node (repeat per node; the same names on every node)")
+    p.add_argument("--lease-local-hostname", default=None,
+                   help="lease mode: this node's kubernetes.io/hostname (its apiserver's identity lease label)")
+    p.add_argument("--peer-port", type=int, default=6444,
+                   help="the peer listener's port, on this node and on every peer")
+    p.add_argument("--wasm", required=True, help="path of the kube-peer-proxy .wasm as Envoy sees it")
+    p.add_argument("--admin-port", type=int, default=9901, help="Envoy's admin port, on 127.0.0.1 only")
+    p.add_argument("--access-log", default=None, help="write a JSON access log of both listeners to this file")
+    p.add_argument("--uid-header", default=None,
+                   help="assert client certificates' user UID in this header: only when every apiserver runs with "
+                        "--requestheader-uid-headers naming it (kubeadm sets none; without it a certificate that "
+                        "carries a UID is refused, never forwarded without its UID)")
     p.add_argument("--sds-dir", default=KUBEADM_SDS_DIR,
                    help="where the bootstrap reads its TLS secrets (SDS files naming the PKI files)")
     p.add_argument("--write-sds", action="store_true",
                    help="also write the SDS files into --sds-dir (on the node; they name PKI_DIR's files)")
     a = p.parse_args(argv)
-    if bool(a.peer) == bool(a.lease_local_hostname):
-        p.error("give --peer for each other node, or --lease-local-hostname (lease mode)")
+    if a.peer and a.lease_local_hostname:
+        p.error("give --peer for each other node, or --lease-local-hostname (lease mode), not both")
     text = render_kubeadm(
         node=a.node, node_ip=a.node_ip, apiserver=_hostport(a.apiserver), wasm_path=a.wasm,
         peers=[tuple(x.split("=", 1)) for x in a.peer] or None,
         leases={"local_hostname": a.lease_local_hostname} if a.lease_local_hostname else None,
-        admin_port=a.admin_port, access_log=a.access_log, sds_dir=a.sds_dir)
+        admin_port=a.admin_port, access_log=a.access_log, sds_dir=a.sds_dir, peer_port=a.peer_port,
+        requestheader={**KUBEADM_REQUESTHEADER, "uid_headers": [a.uid_header.lower()]} if a.uid_header else None)
     if a.write_sds:
         d = write_kubeadm_sds(a.sds_dir, a.kubeadm)
         print(f"wrote {len(KUBEADM_SECRETS)} SDS secret files to {d}", file=sys.stderr)

@@ -60,7 +60,7 @@ from kpp.kubeadm_node import (APISERVER_PORT, SNI, KubeadmCluster, KubeadmNode, 
 OLD, NEW = "v1.35.4", "v1.36.3"
 KUBEADM_VERSION = NEW
 KCM_VERSION = NEW
-LB_IP = "127.0.0.10"
+LB_IP = "127.0.0.10"  # with the nodes at index 1.. (127.0.0.11..); Run(first_index=) moves both
 NODES = ["cp-1", "cp-2", "cp-3"]
 KCM_NODE = "cp-1"
 V2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
@@ -120,14 +120,15 @@ def ts(s: str) -> float:
 
 
 class Run:
-    def __init__(self, mode: str, workdir: Path, short: bool):
+    def __init__(self, mode: str, workdir: Path, short: bool, first_index: int = 1):
         assert mode in MODES, mode
+        self.lb_ip = f"127.0.0.{9 + first_index}"
         self.mode, self.short = mode, short
         # every mode but the control runs the filter (a mutant: with one deliberate break, kpp.mutants)
         self.filtered = mode != "control"
         self.mutant = mode.removeprefix("mutant-") if mode.startswith("mutant-") else None
         self.workdir = workdir
-        self.kc = KubeadmCluster(workdir, [(n, "") for n in NODES], version=OLD)
+        self.kc = KubeadmCluster(workdir, [(n, "") for n in NODES], version=OLD, first_index=first_index)
         for n in self.kc.nodes.values():
             n.__class__ = Node
             n.extra_flags["--goaway-chance"] = "0.02"
@@ -173,7 +174,7 @@ class Run:
 
     def lb_req(self, path, **kw):
         crt, key = self.admin
-        return request(LB_IP, APISERVER_PORT, path, ca=self.node("cp-1").pki / "ca.crt", sni=SNI, cert=crt,
+        return request(self.lb_ip, APISERVER_PORT, path, ca=self.node("cp-1").pki / "ca.crt", sni=SNI, cert=crt,
                        key=key, timeout=10, **kw)
 
     # ---- processes ----
@@ -214,7 +215,7 @@ class Run:
                                         workdir=n.workdir / "envoy", log_level="warn", component_log_level="misc:warn")
                 n.envoy.start(wait_ready=False)
         lb_admin = free_port()
-        self.lb = harness.Envoy(tcp_bootstrap("kubernetes-service", (LB_IP, APISERVER_PORT),
+        self.lb = harness.Envoy(tcp_bootstrap("kubernetes-service", (self.lb_ip, APISERVER_PORT),
                                               [(n.node_ip, APISERVER_PORT) for n in nodes], lb_admin,
                                               self.workdir / "lb-access.log"),
                                 "lb", lb_admin, workdir=self.workdir / "lb", log_level="warn",
@@ -246,7 +247,7 @@ class Run:
     def start_kcm(self, how: str):
         if how == "lb":
             crt, key = self.creds("controller-manager")
-            kc = write_kubeconfig(self.workdir / "kcm-lb.json", f"https://{LB_IP}:{APISERVER_PORT}",
+            kc = write_kubeconfig(self.workdir / "kcm-lb.json", f"https://{self.lb_ip}:{APISERVER_PORT}",
                                   self.node("cp-1").pki / "ca.crt", cert=crt, key=key, tls_server_name=SNI)
         else:
             kc = self.node(KCM_NODE).node_kubeconfig("controller-manager")
@@ -487,6 +488,15 @@ class Run:
 
     # ---- evidence ----
     def collect(self) -> dict:
+        if self.filtered:
+            self.rerouted = 0
+            for n in self.kc.nodes.values():
+                for k, v in n.envoy.stats("rerouted_request_total").items():
+                    self.rerouted += v
+        # Envoy writes its access logs in batches (every 10 s): stopping the nodes' Envoys flushes them,
+        # so every request has its line before the audit events are matched to them.
+        for n in self.kc.nodes.values():
+            n.envoy.stop()
         # the end state, read straight from a v1.36 apiserver (cp-2)
         ref = self.node("cp-2")
         assert ref.version == NEW
@@ -530,11 +540,6 @@ class Run:
         for n in self.kc.nodes.values():
             for e in n.access_entries():
                 access.append({"node": n.name, **e})
-        if self.filtered:
-            self.rerouted = 0
-            for n in self.kc.nodes.values():
-                for k, v in n.envoy.stats("rerouted_request_total").items():
-                    self.rerouted += v
         # the nodes' client listeners (6443): what clients (workload, kcm) saw from the proxy
         client_side = [e for e in access if str(e.get("listener_port")) == str(APISERVER_PORT)]
         rerouted = [e for e in client_side if e.get("cluster") not in (None, "-", "local", "local-anon")]
@@ -610,10 +615,10 @@ class Run:
         }
 
 
-def run_one(mode: str, short: bool, base: Path) -> dict:
+def run_one(mode: str, short: bool, base: Path, first_index: int = 1) -> dict:
     wd = base / mode
     wd.mkdir(parents=True, exist_ok=True)
-    r = Run(mode, wd, short)
+    r = Run(mode, wd, short, first_index)
     t = time.monotonic()
     try:
         r.start()
@@ -824,6 +829,8 @@ def main(argv=None) -> int:
                    help=f"comma-separated modes of {MODES}; a mutant passes when the filter rules fail for it")
     p.add_argument("--short", action="store_true", help="only the node-local rollback (tests/k8s/test_upgrade_k8s.py)")
     p.add_argument("--dir", default=None)
+    p.add_argument("--first-index", type=int, default=1,
+                   help="node index of cp-1 (its loopback addresses: 127.0.0.1<i>, 127.0.1.1<i>; the LB one below)")
     p.add_argument("--plot", default=None)
     p.add_argument("--json", default=None)
     p.add_argument("--replot", default=None, help="only redraw --plot from this --json file")
@@ -833,7 +840,7 @@ def main(argv=None) -> int:
         return 0
     base = Path(a.dir or tempfile.mkdtemp(prefix="kpp-upgrade-k8s-"))
     t = time.monotonic()
-    results = [run_one(m, a.short, base) for m in a.runs.split(",")]
+    results = [run_one(m, a.short, base, a.first_index) for m in a.runs.split(",")]
     print(f"\nkube-apiserver {OLD} -> {NEW}, kube-controller-manager {KCM_VERSION}, workdir {base}, "
           f"total {time.monotonic() - t:.0f}s\n")
     print(table(results))

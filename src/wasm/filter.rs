@@ -166,14 +166,14 @@ impl Shared {
     }
 }
 
-/// Removes every client copy of the request-header identity names (Envoy's early header mutation
-/// already did; this holds even if the bootstrap does not), then asserts the identity of a verified
+/// Removes every client copy of the request-header identity names and `X-Real-Ip` (Envoy's early
+/// header mutation already did; this holds even if the bootstrap does not), then asserts the identity of a verified
 /// client certificate as kube-apiserver's x509 authenticator would see it (see [`identity`]).
 /// Envoy verified the certificate (chain, expiry, client-auth purpose) or refused the handshake.
 fn assert_client_identity(names: &identity::RequestHeaderNames) -> Result<(), String> {
     let req = MapType::HttpRequestHeaders;
     for (name, _) in host::headers(req) {
-        if names.is_identity_header(&name) {
+        if names.is_stripped(&name) {
             host::set_header(req, &name, None);
         }
     }
@@ -440,19 +440,22 @@ impl PeerProxy {
         }
     }
 
-    /// A 404 that might be false: 503 with Retry-After.
+    /// A 404 that might be false: 503 with Retry-After. The apiserver's `Audit-Id` goes along, so the
+    /// client's 503 and the apiserver's audit event of that 404 can be matched.
     fn guarded_503(&mut self, gvr: &Gvr) -> Action {
         log::info!("kube-peer-proxy: a 404 for {gvr:?} might be false; answering 503");
         let body = status::guarded_not_found(gvr, self.shared.config.retry_after_seconds);
-        self.service_unavailable("guarded_not_found", gvr, body)
+        let audit_id = host::header(MapType::HttpResponseHeaders, "audit-id");
+        self.service_unavailable("guarded_not_found", gvr, body, audit_id.as_deref())
     }
 
     fn inc(&self, base: &str, labels: &[(&str, &str)]) {
         self.shared.metrics.borrow_mut().inc_labelled(base, labels);
     }
 
-    /// 503 Status with Retry-After, counted as a peer proxy error of `kind`.
-    fn service_unavailable(&self, kind: &str, gvr: &Gvr, body: Vec<u8>) -> Action {
+    /// 503 Status with Retry-After, counted as a peer proxy error of `kind`; `audit_id`: the
+    /// apiserver's, when this answers in place of its response.
+    fn service_unavailable(&self, kind: &str, gvr: &Gvr, body: Vec<u8>, audit_id: Option<&str>) -> Action {
         let labels = [
             ("type", kind),
             ("group", gvr.group.as_str()),
@@ -461,15 +464,15 @@ impl PeerProxy {
         ];
         self.inc(metrics::PROXY_ERRORS, &labels);
         let retry = self.shared.config.retry_after_seconds.to_string();
-        self.reply(
-            503,
-            vec![
-                ("content-type", "application/json"),
-                ("retry-after", &retry),
-                (FILTER_REPLY_HEADER, "true"),
-            ],
-            Some(&body),
-        )
+        let mut headers = vec![
+            ("content-type", "application/json"),
+            ("retry-after", retry.as_str()),
+            (FILTER_REPLY_HEADER, "true"),
+        ];
+        if let Some(id) = audit_id {
+            headers.push(("audit-id", id));
+        }
+        self.reply(503, headers, Some(&body))
     }
 
     fn reply(&self, status: u32, headers: Vec<(&str, &str)>, body: Option<&[u8]>) -> Action {
@@ -639,7 +642,7 @@ impl HttpContext for PeerProxy {
             }
             Decision::Unavailable { gvr } => {
                 let body = status::peer_unavailable(&gvr, config.retry_after_seconds);
-                self.service_unavailable("peer_unavailable", &gvr, body)
+                self.service_unavailable("peer_unavailable", &gvr, body, None)
             }
             Decision::Merged(doc) => {
                 if let Some(table) = table {

@@ -1,9 +1,11 @@
-//! proxy-wasm entry point. One module, two roles chosen by the plugin's root id: the singleton
-//! discovery service (`kube-peer-proxy-discovery`, an `envoy.bootstrap.wasm` service) and the HTTP
-//! filter (any other root id). Both share data through the same `vm_id`.
+//! proxy-wasm entry point. One module, three roles chosen by the plugin's root id: the singleton
+//! discovery service (`kube-peer-proxy-discovery`, an `envoy.bootstrap.wasm` service), the peer
+//! listener's gate (`kube-peer-proxy-peer-gate`) and the HTTP filter (any other root id). The
+//! service and the filter share data through the same `vm_id`.
 
 mod filter;
 mod host;
+mod peer_gate;
 mod service;
 
 use std::rc::Rc;
@@ -12,7 +14,7 @@ use std::time::Duration;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, LogLevel};
 
-use crate::config::{Config, DISCOVERY_ROOT_ID};
+use crate::config::{Config, PeerGateConfig, DISCOVERY_ROOT_ID, PEER_GATE_ROOT_ID};
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
@@ -31,6 +33,7 @@ enum Role {
     Unconfigured,
     Filter(Rc<filter::Shared>),
     Service(Box<service::Service>),
+    PeerGate(Rc<PeerGateConfig>, Option<u32>),
 }
 
 struct Root {
@@ -52,6 +55,19 @@ impl RootContext for Root {
             .ok()
             .flatten()
             .unwrap_or_default();
+        let root_id = host::property(&["plugin_root_id"]).unwrap_or_default();
+        if root_id == PEER_GATE_ROOT_ID {
+            return match PeerGateConfig::parse(&raw) {
+                Ok(c) => {
+                    self.role = Role::PeerGate(Rc::new(c), peer_gate::define_refused());
+                    true
+                }
+                Err(e) => {
+                    log::error!("kube-peer-proxy: invalid peer gate configuration: {e}");
+                    false
+                }
+            };
+        }
         let config = match Config::parse(&raw) {
             Ok(c) => c,
             Err(e) => {
@@ -60,7 +76,6 @@ impl RootContext for Root {
                 return false;
             }
         };
-        let root_id = host::property(&["plugin_root_id"]).unwrap_or_default();
         if root_id == DISCOVERY_ROOT_ID {
             if let Err(e) = proxy_wasm::hostcalls::set_tick_period(tick_period(&config)) {
                 log::error!("kube-peer-proxy: cannot start the discovery timer: {e:?}");
@@ -85,13 +100,14 @@ impl RootContext for Root {
         match &mut self.role {
             Role::Service(s) => s.on_tick(),
             Role::Filter(shared) => shared.on_tick(),
-            Role::Unconfigured => {}
+            Role::PeerGate(..) | Role::Unconfigured => {}
         }
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         match &self.role {
             Role::Filter(shared) => Some(Box::new(filter::PeerProxy::new(shared.clone()))),
+            Role::PeerGate(config, refused) => Some(Box::new(peer_gate::Gate::new(config.clone(), *refused))),
             _ => None,
         }
     }

@@ -46,6 +46,7 @@ PATHS = {
 KINDS = list(PATHS)
 OTHER = {"cp-1": "cp-2", "cp-2": "cp-1"}
 SPOOF = [("X-Remote-User", "system:admin"), ("X-Remote-Group", "system:masters")]
+UID_FLAG = "--requestheader-uid-headers"  # added here (not by kubeadm), for the UID tests
 CLIENT_IP = "127.0.0.99"  # clients bind this source address: Envoy's own connections come from 127.0.0.1
 
 # Every attempt that must fail: (attempt, what it got). Printed by the last test.
@@ -132,6 +133,10 @@ def who(ev: dict) -> str:
 def env(request, tmp_path_factory):
     t0 = time.monotonic()
     kc = KubeadmCluster(tmp_path_factory.mktemp("kubeadm"), [("cp-1", "batch/v1=false"), ("cp-2", "")])
+    for n in kc.nodes.values():
+        # the UID header (RemoteRequestHeaderUID, on in 1.36; kubeadm sets no such flag): a client's copy
+        # must never reach an apiserver that would believe it
+        n.extra_flags[UID_FLAG] = "X-Remote-Uid"
     try:
         kc.start()
         e = Env(kc, Creds(kc, kc.workdir / "creds"))
@@ -234,7 +239,7 @@ def test_apiservers_run_kubeadms_flags(env):
         print(f"{n.name}: kubeadm's manifest {n.manifest}, {len(n.kubeadm_command) - 1} flags; changed/added:")
         for k, (theirs, ours) in changed.items():
             print(f"    {k}: {theirs!r} -> {ours!r}")
-        assert set(changed) <= set(OVERRIDES), set(changed) - set(OVERRIDES)
+        assert set(changed) <= set(OVERRIDES) | {UID_FLAG}, set(changed) - set(OVERRIDES)
         flags = dict(a.split("=", 1) for a in n.kubeadm_command[1:])
         assert flags["--advertise-address"] == n.doc_ip  # kubeadm's view; never used to connect
         assert flags["--requestheader-allowed-names"] == "front-proxy-client"
@@ -557,12 +562,12 @@ def test_peer_listener_without_client_certificate_is_refused(env):
 
 
 def test_peer_listener_takes_only_the_front_proxy_cn(env):
-    # front-proxy CA, but not CN front-proxy-client: TLS passes, Envoy's RBAC filter says no
+    # front-proxy CA, but not CN front-proxy-client: TLS passes, the peer gate says no (as the apiserver)
     r = request(env.cp2.node_ip, PEER_PORT, PATHS["local"][1], ca=env.creds.ca, cert=env.creds.fp_other_cn[0],
                 key=env.creds.fp_other_cn[1], headers=SPOOF)
     attempt(f"front-proxy-CA certificate CN=kpp-not-a-proxy + X-Remote-User: system:admin -> cp-2 peer listener",
-            f"HTTP {r.status} {r.body[:40]!r}")
-    assert r.status == 403 and b"RBAC" in r.body, r
+            f"HTTP {r.status} {r.body[:60]!r}")
+    assert r.status == 401 and b"not an allowed front proxy" in r.body, r
     # the real front-proxy client (what cp-1's Envoy presents) is what the peer listener is for
     aid = str(uuid.uuid4())
     r = request(env.cp2.node_ip, PEER_PORT, PATHS["local"][1], ca=env.creds.ca, cert=env.creds.front_proxy[0],
@@ -576,6 +581,129 @@ def test_peer_listener_takes_only_the_front_proxy_cn(env):
     attempt("front-proxy-client certificate (front-proxy CA) + X-Remote-User: system:admin -> cp-1:6443 "
             "(client listener trusts the cluster CA only)", str(why))
     assert why and "HTTP" not in why
+
+
+# The outside review's certificates: signed by the front-proxy CA, with SANs that spell an allowed
+# name. kube-apiserver's --requestheader-allowed-names compares the subject CN only (x509.go
+# verifySubject; Go's CommonName is the last CN in certificate order); the peer listener must answer
+# each exactly as the apiserver does when the same certificate is sent to it directly.
+PEER_CERTS = {  # case: (mint_cert keywords, kube-apiserver accepts it as a front proxy)
+    "CN=evil-proxy, DNS SAN front-proxy-client": ({"cn": "evil-proxy", "sans": "DNS:front-proxy-client"}, False),
+    "CN=evil-proxy, DNS SAN 'CN=front-proxy-client'": ({"cn": "evil-proxy", "sans": "DNS:CN=front-proxy-client"},
+                                                       False),
+    "CN=evil-proxy, URI SAN 'CN=front-proxy-client'": ({"cn": "evil-proxy", "sans": "URI:CN=front-proxy-client"},
+                                                       False),
+    "CN=evil-proxy, email SAN front-proxy-client": ({"cn": "evil-proxy", "sans": "email:front-proxy-client"}, False),
+    "CN=evil-proxy, IP SAN": ({"cn": "evil-proxy", "sans": "IP:127.0.0.12"}, False),
+    "O=front-proxy-client, CN=evil-proxy": ({"cn": "evil-proxy", "orgs": ["front-proxy-client"]}, False),
+    "CN=front-proxy-client then CN=evil-proxy": ({"cn": "x", "subject": "/CN=front-proxy-client/CN=evil-proxy"},
+                                                 False),
+    "CN=evil-proxy then CN=front-proxy-client": ({"cn": "x", "subject": "/CN=evil-proxy/CN=front-proxy-client"},
+                                                 True),
+    "CN=front-proxy-client, DNS SAN evil-proxy": ({"cn": "front-proxy-client", "sans": "DNS:evil-proxy"}, True),
+}
+
+
+@pytest.mark.parametrize("case", list(PEER_CERTS))
+def test_peer_listener_answers_front_proxy_certificates_as_kube_apiserver_does(env, tmp_path, case):
+    kw, accepted = PEER_CERTS[case]
+    kw = dict(kw)
+    pki = env.cp2.pki
+    cert = mint_cert(tmp_path / "peer", kw.pop("cn"), ca_crt=pki / "front-proxy-ca.crt",
+                     ca_key=pki / "front-proxy-ca.key", **kw)
+    path = PATHS["local"][2]  # kube-system secrets: only system:masters may list them
+    # The attack asserts system:admin; a certificate the apiserver accepts is a real front proxy, which
+    # may assert anyone: it asserts an unprivileged user instead (the closing test checks that no
+    # audit event anywhere has system:admin).
+    asserted = [("X-Remote-User", "kpp-peer-check")] if accepted else SPOOF
+    got = {}
+    for where, (host, port, sni) in {"direct": (env.cp2.apiserver_ip, APISERVER_PORT, SNI),
+                                     "peer listener": (env.cp2.node_ip, PEER_PORT, None)}.items():
+        aid = str(uuid.uuid4())
+        r = request(host, port, path, ca=env.creds.ca, cert=cert[0], key=cert[1], sni=sni,
+                    headers=asserted + [("Audit-ID", aid)])
+        got[where] = (r.status, aid)
+    outcome = f"HTTP {got['peer listener'][0]} (kube-apiserver directly: HTTP {got['direct'][0]})"
+    if accepted:
+        print(f"front-proxy-CA certificate {case} asserting kpp-peer-check -> cp-2 peer listener: {outcome}")
+    else:
+        attempt(f"front-proxy-CA certificate {case} + X-Remote-User: system:admin -> cp-2 peer listener", outcome)
+    assert got["peer listener"][0] == got["direct"][0], got
+    if accepted:
+        assert got["direct"][0] == 403
+        ev = env.cp2.audit_event(got["peer listener"][1])
+        assert ev["user"]["username"] == "kpp-peer-check", who(ev)
+    else:
+        assert got["direct"][0] == 401
+        time.sleep(0.5)
+        assert not env.cp2.has_audit_id(got["peer listener"][1]), "the gate let it reach the apiserver"
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_client_sent_uid_and_real_ip_never_reach_the_apiserver(env, client):
+    """X-Remote-Uid (the apiservers here run with --requestheader-uid-headers=X-Remote-Uid) and
+    X-Real-Ip (kube-apiserver's sourceIPs) from a client are removed; the control sends the same to the
+    apiserver directly, where both are believed."""
+    serving, path = "cp-1", PATHS["local"][1]
+    spoof = [("X-Remote-Uid", "spoofed-uid"), ("x-remote-UID", "spoofed-uid-2"), ("X-Real-Ip", "203.0.113.9")]
+    aid = str(uuid.uuid4())
+    r = env.cp1.via(path, headers=spoof + [("Audit-ID", aid)], source=CLIENT_IP, **client_kw(env, client))
+    ev = env.served(r, serving)
+    attempt(f"{client} client sends X-Remote-Uid: spoofed-uid, X-Real-Ip: 203.0.113.9 -> GET {path}",
+            f"HTTP {r.status}; audit on {serving}: {who(ev)} uid={ev['user'].get('uid')!r} "
+            f"sourceIPs={ev['sourceIPs']}")
+    assert not (ev["user"].get("uid") or "").startswith("spoofed"), ev["user"]
+    if client == "token":
+        assert ev["user"].get("uid") == "kpp-token-uid", ev["user"]  # the token file's UID, as without a proxy
+    assert "203.0.113.9" not in ev["sourceIPs"] and ev["sourceIPs"][0] == CLIENT_IP, ev["sourceIPs"]
+    if client != "certificate":
+        return
+    # control: the same headers from a front proxy, straight to the apiserver, are believed
+    aid = str(uuid.uuid4())
+    d = env.cp1.direct(path, cert=env.creds.front_proxy[0], key=env.creds.front_proxy[1],
+                       headers=[("X-Remote-User", "kpp-nobody")] + spoof + [("Audit-ID", aid)])
+    dev = env.cp1.audit_event(aid)
+    print(f"control, front proxy straight to the apiserver: HTTP {d.status}, uid={dev['user'].get('uid')!r}, "
+          f"sourceIPs={dev['sourceIPs']}")
+    assert dev["user"].get("uid") == "spoofed-uid" and "203.0.113.9" in dev["sourceIPs"], dev
+
+
+def test_a_certificate_uid_is_asserted_in_the_uid_header_or_refused(env, tmp_path):
+    """A client certificate with Kubernetes' user-UID attribute: the apiserver's x509 authenticator
+    gives the user that UID. Through the kubeadm profile (no UID header configured, as kubeadm
+    configures none) the request is refused rather than forwarded without it; with the UID header
+    configured (render_kubeadm requestheader uid_headers, --requestheader-uid-headers on the
+    apiservers) the asserted user has the same UID as directly."""
+    cp1 = env.cp1
+    cert = mint_cert(tmp_path / "uid", "x", ca_crt=env.creds.ca, ca_key=cp1.pki / "ca.key",
+                     subject="/O=kpp:uid-users/CN=kpp-uid-user/k8suid=kpp-uid-1234")
+    path = PATHS["local"][1]
+    aid = str(uuid.uuid4())
+    d = cp1.direct(path, cert=cert[0], key=cert[1], headers=[("Audit-ID", aid)])
+    direct_user = cp1.audit_event(aid)["user"]
+    assert direct_user["username"] == "kpp-uid-user" and direct_user.get("uid") == "kpp-uid-1234", direct_user
+    r = env.via(path, cert)
+    attempt("certificate with a user UID through the kubeadm profile (no UID header configured)",
+            f"HTTP {r.status} {r.body[:100]!r}")
+    assert r.status == 401 and b"UID" in r.body, r
+    admin = harness.free_port()
+    rh = {**render.KUBEADM_REQUESTHEADER, "uid_headers": ["x-remote-uid"]}
+    yaml = cp1.render_envoy([], env.kc.wasm, node_ip="127.0.0.17", admin_port=admin, requestheader=rh,
+                            access_log=str(tmp_path / "access.log"))
+    envoy = harness.Envoy(yaml, "kubeadm-uid", admin, workdir=tmp_path / "envoy", log_level="info",
+                          component_log_level="wasm:info")
+    try:
+        envoy.start(timeout=60)
+        aid = str(uuid.uuid4())
+        v = request("127.0.0.17", APISERVER_PORT, path, ca=env.creds.ca, cert=cert[0], key=cert[1], sni=SNI,
+                    headers=[("Audit-ID", aid), ("X-Remote-Uid", "spoofed")])
+        via_user = cp1.audit_event(aid)["user"]
+    finally:
+        envoy.stop()
+    print(f"directly: {d.status} {direct_user}; with the UID header configured: {v.status} {via_user}")
+    assert v.status == d.status
+    assert {k: via_user.get(k) for k in ("username", "uid")} == {k: direct_user.get(k) for k in ("username", "uid")}
+    assert "kpp:uid-users" in via_user["groups"]
 
 
 @pytest.mark.parametrize("layer", ["filter-only", "envoy-only"])
