@@ -56,8 +56,10 @@ run: build
 # Release artifacts in dist/ (docs/install.md): kube_peer_proxy-<version>.wasm and .sha256, rendered
 # bootstraps, the static pod manifests (hostPath, and image volume derived from deploy/static-pod.yaml),
 # and the OCI image (Wasm image "compat" variant, built with buildah) as an OCI layout in dist/oci.
+# Then the sizes and digests docs/install.md quotes are rewritten from it (scripts/install_doc.py).
 dist: build
 	bash scripts/dist.sh
+	$(PY) scripts/install_doc.py write $(or $(DIST_DIR),dist) docs/install.md
 
 # Committed demo bootstraps; tests check they match the renderer and pass `envoy --mode validate`.
 envoy-configs: setup
@@ -98,9 +100,10 @@ k8s-build-skew: k8s-build
 # mode), the operator's artifacts checked with the real kubeadm, and the kubeadm node layout with
 # client certificates, front-proxy identity and the spoofing attempts.
 # The short real-controller upgrade (tests/k8s/test_upgrade_k8s.py, ~4 min) needs the v1.35.4 binaries:
-# k8s-build-skew builds them when missing, so it runs on every machine.
-E2E_K8S ?= tests/k8s/test_control_plane.py tests/k8s/test_leases.py tests/k8s/test_deploy.py tests/k8s/test_kubeadm.py \
-	tests/k8s/test_pki_renewal.py tests/k8s/test_upgrade_k8s.py
+# k8s-build-skew builds them when missing, so it runs on every machine; so does the real kubeadm
+# v1.35.4 -> v1.36.3 upgrade with the proxy installed (tests/k8s/test_kubeadm_upgrade.py, ~3 min).
+E2E_K8S ?= tests/k8s/test_control_plane.py tests/k8s/test_parity.py tests/k8s/test_leases.py tests/k8s/test_deploy.py tests/k8s/test_kubeadm.py \
+	tests/k8s/test_pki_renewal.py tests/k8s/test_kubeadm_upgrade.py tests/k8s/test_upgrade_k8s.py
 e2e-k8s: build k8s-build-skew
 	$(PYTEST) -q -rA $(E2E_K8S)
 

@@ -1,0 +1,393 @@
+"""kubeadm's own upgrade commands on nodes with kube-peer-proxy installed: v1.35.4 -> v1.36.3 with the
+real kubeadm v1.36.3 and deploy/kubeadm/upgrade-config.yaml, exactly as docs/deploy.md ("Upgrading
+Kubernetes with kube-peer-proxy installed") gives the commands.
+
+Starting point (module fixture): two control-plane nodes set up by the real kubeadm v1.35.4
+(kpp.kubeadm_node: certificates, kubeconfigs, the kube-apiserver manifest with deploy/kubeadm's
+bind-address and patches; kpp.kubeadm_upgrade.kubeadm_init_rest: kubelet.conf, the controller-manager
+and scheduler manifests, kubelet-start's files, `upload-config kubeadm` -- the kubeadm-config ConfigMap
+with kubernetesVersion v1.35.4 and apiServer.extraArgs bind-address=127.0.0.1 --, `upload-config
+kubelet`, `addon all`), real kube-apiservers v1.35.4 behind each node's Envoy (kpp.render's kubeadm
+profile). Every kubeadm command runs in a private mount namespace that gives it the node's
+/etc/kubernetes and /var/lib/kubelet, and in a private network namespace with nothing but lo plus
+forwarders to the nodes' Envoys and etcd: a dial to any other address fails inside it.
+
+What no kubelet and no container runtime here means, step by step (exact kubeadm v1.36.3 texts):
+
+* `upgrade plan` and `upgrade apply`: the CreateJob health check creates a real Job and waits 60 s for
+  it; nothing runs it: `[ERROR CreateJob]: Job "upgrade-health-check-<ms>" in the namespace
+  "kube-system" did not complete in 1m0s: no condition of type Complete`. Ignored here
+  (--ignore-preflight-errors=CreateJob); with --dry-run the Job is faked and passes.
+* `upgrade apply` and `upgrade node` preflight: `[ERROR SystemVerification]: couldn't get kubelet
+  version: cannot execute 'kubelet --version': executable file not found in $PATH` and
+  `[ERROR ContainerRuntimeVersion]: could not connect to the container runtime: ... dial unix
+  /var/run/containerd/containerd.sock: connect: no such file or directory`; without --dry-run also the
+  image pull (ImagePull). Ignored here.
+* kubelet-start / kubelet-config: `unable to start the kubelet service: [failed to reload systemd:
+  exit status 1]` (a warning; kubeadm goes on).
+* The kubelet itself: kubeadm waits for it to restart each static Pod (the mirror Pod's config.hash
+  changes, then the Pod is Running). kpp.kubeadm_upgrade.StaticPods stands in for exactly that: it
+  restarts the kube-apiserver from the manifest kubeadm wrote (the manifest's binary version and flags,
+  with the harness's loopback overrides) and updates the mirror Pod; kube-controller-manager and
+  kube-scheduler do not run on these nodes (only their mirror Pods are updated).
+* `init phase mark-control-plane` (setup) has no --kubeconfig and dials the advertise address; its
+  label and taint are set with kubectl.
+
+The claims:
+1. with upgrade-config.yaml (or --patches), the manifests kubeadm v1.36.3 writes keep the kube-apiserver
+   on --bind-address=127.0.0.1 with every probe on 127.0.0.1, its --advertise-address the node's; no
+   component binds <node-ip>:6443 (dry-run of apply and node, then the real apply and node);
+2. the controls: without the patches the probes go to the advertise address (Envoy's); with the
+   bind-address only in a local --config file and not in the ConfigMap, kubeadm writes no
+   --bind-address (it warns `Ignored configuration document with GroupVersionKind
+   kubeadm.k8s.io/v1beta4, Kind=ClusterConfiguration`), and that kube-apiserver dies on
+   `listen tcp 0.0.0.0:6443: bind: address already in use` (Envoy holds <node-ip>:6443);
+3. the real `kubeadm upgrade apply v1.36.3` on cp-1, then `kubeadm upgrade node` on cp-2, renew the
+   serving and front-proxy-client certificates in place, rewrite the ConfigMap to v1.36.3 keeping the
+   bind address, and the new kube-apiservers v1.36.3 serve through Envoy (local and rerouted, with a
+   client certificate whose identity the proxy asserts).
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import socket
+import time
+import urllib.request
+import uuid
+
+import pytest
+import yaml
+
+from kpp import kubeadm_upgrade as ku
+from kpp.cluster import DEFAULT_VERSION, SKEW_OLD_VERSION, wait_for
+from kpp.kubeadm_node import APISERVER_PORT, SNI, KubeadmCluster, kubeconfig_credentials, openssl
+
+OLD, NEW = SKEW_OLD_VERSION, DEFAULT_VERSION
+CONFIG = f"--config={ku.KPP_DIR}/upgrade-config.yaml"
+PATCHES = f"--patches={ku.KPP_DIR}/patches"
+# what this machine lacks (see the module doc); nothing else is ignored
+NO_KUBELET = "--ignore-preflight-errors=SystemVerification,ContainerRuntimeVersion"
+NO_KUBELET_REAL = "--ignore-preflight-errors=SystemVerification,ContainerRuntimeVersion,ImagePull,CreateJob"
+MANIFEST = "/etc/kubernetes/manifests/kube-apiserver.yaml"
+
+RUNS: list[tuple[str, str, int, float]] = []  # (node, command, rc, seconds): the closing note
+# node IPs 127.0.0.51/52, apiservers 127.0.1.51/52 (kubeadm: 192.0.2.51/52): apart from the other
+# kubeadm clusters' addresses, so this module can run next to them
+FIRST_INDEX = 41
+
+
+class Env:
+    def __init__(self, kc: KubeadmCluster, net: ku.PrivateNet, roots: dict[str, ku.NodeRoot], setup: list[str]):
+        self.kc, self.net, self.roots, self.setup = kc, net, roots, setup
+        self.cp1, self.cp2 = kc.node("cp-1"), kc.node("cp-2")
+        self.dry: dict[str, dict[str, str]] = {}
+
+    def kubeadm(self, node: str, *args: str, check: bool = True, timeout: float = 240):
+        t0 = time.monotonic()
+        r = self.roots[node].kubeadm(NEW, *args, check=False, timeout=timeout)
+        dt = time.monotonic() - t0
+        RUNS.append((node, "kubeadm " + " ".join(args), r.returncode, round(dt, 1)))
+        print(f"\n[{node}] kubeadm {' '.join(args)}  -> rc {r.returncode} in {dt:.1f}s")
+        for line in r.stderr.splitlines():
+            if "WARNING" in line or "ERROR" in line or "error" in line:
+                print(f"    stderr: {line.strip()[:400]}")
+        no_dial = [l for l in (r.stdout + r.stderr).splitlines() if "network is unreachable" in l or "192.0.2." in l
+                   and "dial" in l]
+        assert not no_dial, f"kubeadm tried to reach a non-loopback address: {no_dial[:3]}"
+        if check:
+            assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+        return r
+
+    def cm(self) -> dict:
+        kcfg = self.kc.direct_kubeconfig(self.cp1)
+        r = self.kc.kubectl_run(kcfg, "-n", "kube-system", "get", "cm", "kubeadm-config", "-o", "json")
+        return json.loads(r.stdout)
+
+    def cluster_configuration(self) -> dict:
+        return yaml.safe_load(self.cm()["data"]["ClusterConfiguration"])
+
+
+@pytest.fixture(scope="module")
+def env(request, tmp_path_factory):
+    t0 = time.monotonic()
+    kc = KubeadmCluster(tmp_path_factory.mktemp("kubeadm-upgrade"), [("cp-1", ""), ("cp-2", "")], version=OLD,
+                        first_index=FIRST_INDEX)
+    net = None
+    try:
+        kc.start()
+        net = ku.private_net(kc).start()
+        roots = {name: ku.NodeRoot(n, net) for name, n in kc.nodes.items()}
+        setup = ku.kubeadm_init_rest(kc, roots, OLD)
+    except BaseException:
+        print(kc.dump())
+        if net:
+            net.stop()
+        kc.stop()
+        raise
+    kc.timings["fixture total"] = round(time.monotonic() - t0, 2)
+    print(f"\nkubeadm {OLD} control plane up: {kc.timings}\n" + "\n".join(setup))
+    request.session.kpp_env = kc
+    yield Env(kc, net, roots, setup)
+    request.session.kpp_env = None
+    net.stop()
+    kc.stop()
+
+
+def probe_hosts(summary: dict) -> set:
+    return {host for host, _ in summary["probes"].values()}
+
+
+def check_layout(files: dict[str, str], node, version: str = NEW) -> dict:
+    """The claims about what kubeadm writes, for one node; returns the kube-apiserver's summary."""
+    api = ku.apiserver_summary(files[MANIFEST])
+    assert api["image"] == f"registry.k8s.io/kube-apiserver:{version}", api
+    assert api["bind-address"] == "127.0.0.1", api
+    assert api["advertise-address"] == node.doc_ip, api  # the node's address (here the documentation one)
+    assert set(api["probes"]) == {"livenessProbe", "readinessProbe", "startupProbe"}, api
+    assert probe_hosts(api) == {"127.0.0.1"}, api
+    listens = {}
+    for path, text in files.items():
+        if path.startswith("/etc/kubernetes/manifests/"):
+            listens[path.rsplit("/", 1)[1]] = ku.listen_addresses(text)
+            for addr, port in ku.listen_addresses(text):
+                assert addr.startswith("127."), (path, addr, port)
+    kubelet = yaml.safe_load(files.get("/var/lib/kubelet/config.yaml", "{}")) or {}
+    assert str(kubelet.get("port", 10250)) != "6443" and str(kubelet.get("healthzPort", 10248)) != "6443", kubelet
+    print(f"  kube-apiserver manifest: {api}\n  listeners of the manifests kubeadm writes: {listens}")
+    return api
+
+
+# ---- the starting point ------------------------------------------------------------------------------
+
+def test_starting_point_is_a_kubeadm_v1_35_cluster_behind_envoy(env):
+    cc = env.cluster_configuration()
+    print(f"kubeadm-config ClusterConfiguration: kubernetesVersion={cc['kubernetesVersion']} "
+          f"apiServer.extraArgs={cc['apiServer'].get('extraArgs')} certificatesDir={cc['certificatesDir']}")
+    assert cc["kubernetesVersion"] == OLD
+    assert {"name": "bind-address", "value": "127.0.0.1"} in cc["apiServer"]["extraArgs"]
+    for n in (env.cp1, env.cp2):
+        v = n.via("/version").json()["gitVersion"]
+        api = ku.apiserver_summary(n.manifest.read_text())
+        print(f"{n.name}: through Envoy {n.node_ip}:6443 /version {v}; kubeadm {OLD} manifest {api}")
+        assert v == OLD and api["image"].endswith(f":{OLD}") and api["bind-address"] == "127.0.0.1"
+        assert probe_hosts(api) == {"127.0.0.1"}
+    # the guard: inside kubeadm's network namespace only lo exists
+    routes = env.net.run(["ip", "-o", "route", "show", "table", "all"]).stdout
+    links = env.net.run(["ip", "-o", "link", "show"]).stdout
+    print(f"kubeadm's network namespace: links {[l.split(':')[1].strip() for l in links.splitlines()]}")
+    assert [l.split(":")[1].strip() for l in links.splitlines()] == ["lo"], links
+    assert all(" dev lo " in l for l in routes.splitlines()), routes
+
+
+# ---- plan and the dry runs -----------------------------------------------------------------------------
+
+def test_upgrade_plan(env):
+    r = env.kubeadm("cp-1", "upgrade", "plan", NEW, CONFIG, "--ignore-preflight-errors=CreateJob", timeout=200)
+    print(r.stdout)
+    assert "CreateJob" in r.stderr and "did not complete in 1m0s" in r.stderr, r.stderr
+    assert f"[upgrade/versions] Cluster version: {OLD.lstrip('v')}" in r.stdout or \
+        f"[upgrade/versions] Cluster version: {OLD}" in r.stdout, r.stdout
+    assert f"kubeadm upgrade apply {NEW}" in r.stdout, r.stdout
+    rows = [l.split() for l in r.stdout.splitlines() if l.split()[:2] == ["kube-apiserver", "cp-1"] or
+            l.split()[:1] == ["kube-apiserver"]]
+    assert any(OLD in row and NEW in row for row in rows), rows
+
+
+@pytest.mark.parametrize("how", ["config", "patches"])
+def test_upgrade_apply_dry_run_keeps_the_layout(env, how):
+    flag = CONFIG if how == "config" else PATCHES
+    r = env.kubeadm("cp-1", "upgrade", "apply", NEW, "--dry-run", flag, NO_KUBELET)
+    assert "[upgrade/successful] Finished dryrunning successfully!" in r.stdout or "dryrun" in r.stdout.lower()
+    assert 'Applied patch of type "application/strategic-merge-patch+json" to target "kube-apiserver"' in r.stdout
+    files = ku.dryrun_files(r.stdout)
+    env.dry[f"apply-{how}"] = files
+    check_layout(files, env.cp1)
+    # and nothing was written: the manifest on disk is still v1.35.4's
+    assert ku.apiserver_summary(env.cp1.manifest.read_text())["image"].endswith(f":{OLD}")
+
+
+def test_upgrade_node_dry_run_before_apply_stays_at_the_cluster_version(env):
+    """`kubeadm upgrade node` renders the ConfigMap's kubernetesVersion: before `upgrade apply` has run
+    on the first node that is still v1.35.4 (hence the order: apply on one node, then node on the others)."""
+    r = env.kubeadm("cp-2", "upgrade", "node", "--dry-run", CONFIG, NO_KUBELET)
+    assert "[upgrade/successful] Finished dryrunning successfully!" in r.stdout, r.stdout[-2000:]
+    check_layout(ku.dryrun_files(r.stdout), env.cp2, version=OLD)
+
+
+# ---- the controls ----------------------------------------------------------------------------------
+
+def test_control_without_the_patches_the_probes_go_to_envoy(env):
+    r = env.kubeadm("cp-1", "upgrade", "apply", NEW, "--dry-run", NO_KUBELET)
+    api = ku.apiserver_summary(ku.dryrun_files(r.stdout)[MANIFEST])
+    print(f"  without upgrade-config.yaml / --patches: {api}")
+    assert 'to target "kube-apiserver"' not in r.stdout
+    assert probe_hosts(api) == {env.cp1.doc_ip}, api  # <advertise-address>:6443 is Envoy's
+    assert api["bind-address"] == "127.0.0.1", "the bind address comes from the ConfigMap, not from the patches"
+
+
+def test_control_bind_address_only_in_a_local_file_collides_with_envoy(env, tmp_path):
+    """kubeadm upgrade reads ClusterConfiguration from the kubeadm-config ConfigMap only: with the
+    bind address removed there and given in a local --config file instead, the manifest has no
+    --bind-address, and that kube-apiserver cannot start next to Envoy."""
+    kcfg = env.kc.direct_kubeconfig(env.cp1)
+    cm = env.cm()
+    original = cm["data"]["ClusterConfiguration"]
+    cc = yaml.safe_load(original)
+    cc["apiServer"]["extraArgs"] = [a for a in cc["apiServer"]["extraArgs"] if a["name"] != "bind-address"]
+    cm["data"]["ClusterConfiguration"] = yaml.safe_dump(cc)
+    cm["metadata"] = {k: v for k, v in cm["metadata"].items() if k in ("name", "namespace")}
+    root = env.roots["cp-2"]
+    local = root.etc / "kube-peer-proxy" / "upgrade-config-with-cluster-config.yaml"
+    local_cc = {"apiVersion": "kubeadm.k8s.io/v1beta4", "kind": "ClusterConfiguration",
+                "apiServer": {"extraArgs": [{"name": "bind-address", "value": "127.0.0.1"}]}}
+    local.write_text((ku.DEPLOY_KUBEADM / "upgrade-config.yaml").read_text() + "---\n" + yaml.safe_dump(local_cc))
+    env.kc.kubectl_run(kcfg, "replace", "-f", "-", input=json.dumps(cm))
+    try:
+        r = env.kubeadm("cp-2", "upgrade", "node", "--dry-run",
+                        f"--config={ku.KPP_DIR}/upgrade-config-with-cluster-config.yaml", NO_KUBELET, check=False)
+    finally:
+        cm["data"]["ClusterConfiguration"] = original
+        env.kc.kubectl_run(kcfg, "replace", "-f", "-", input=json.dumps(cm))
+    assert {"name": "bind-address", "value": "127.0.0.1"} in env.cluster_configuration()["apiServer"]["extraArgs"]
+    print(f"  kubeadm with ClusterConfiguration in the local --config: rc {r.returncode}; "
+          f"stderr: {[l for l in r.stderr.splitlines() if l.strip()][:6]}")
+    assert r.returncode == 0, r.stderr
+    text = ku.dryrun_files(r.stdout)[MANIFEST]
+    api = ku.apiserver_summary(text)
+    print(f"  ConfigMap without bind-address: {api}")
+    assert api["bind-address"] is None and probe_hosts(api) == {"127.0.0.1"}, api
+    # what the kubelet would run from it: that kube-apiserver without --bind-address, i.e. 0.0.0.0:6443
+    proc = root.apiserver_proc(api["image"].rsplit(":", 1)[1], text, keep_bind_address=False, tag="-control").start()
+    try:
+        deadline = time.monotonic() + 60
+        while proc.alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        alive = proc.alive()
+    finally:
+        proc.stop()
+    log = proc.log_path.read_text()
+    bind = [l for l in log.splitlines() if "address already in use" in l]
+    print(f"  kube-apiserver {NEW} from that manifest: exited={not alive}; {bind[:1]}")
+    assert not alive and bind, log[-2000:]
+    assert "0.0.0.0:6443" in bind[0] or "[::]:6443" in bind[0], bind
+    for n in (env.cp1, env.cp2):  # Envoy and the nodes are unaffected
+        assert n.via("/version").json()["gitVersion"] == OLD
+
+
+# ---- the real upgrade --------------------------------------------------------------------------------
+
+def serial(path) -> str:
+    return openssl("x509", "-in", str(path), "-noout", "-serial").strip().split("=", 1)[1]
+
+
+def presented_serial(host: str, port: int, ca) -> str:
+    ctx = ssl.create_default_context(cafile=str(ca))
+    with socket.create_connection((host, port), timeout=10) as s, ctx.wrap_socket(s, server_hostname=SNI) as t:
+        der = t.getpeercert(binary_form=True)
+    pem = ssl.DER_cert_to_PEM_cert(der)
+    import subprocess
+    r = subprocess.run(["openssl", "x509", "-noout", "-serial"], input=pem, capture_output=True, text=True, check=True)
+    return r.stdout.strip().split("=", 1)[1]
+
+
+def norm(serial_hex: str) -> str:
+    return serial_hex.lower().lstrip("0")
+
+
+def envoy_serials(n) -> set[str]:
+    """Serial numbers of every certificate chain Envoy's admin /certs lists (listeners and clusters)."""
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+            f"http://127.0.0.1:{n.admin_port}/certs", timeout=5) as r:
+        doc = json.loads(r.read())
+    return {norm(c["serial_number"]) for cert in doc.get("certificates", []) for c in cert.get("cert_chain", [])}
+
+
+PKI_FILES = ("apiserver.crt", "apiserver-kubelet-client.crt", "front-proxy-client.crt", "ca.crt", "front-proxy-ca.crt")
+
+
+@pytest.mark.parametrize("node", ["cp-1", "cp-2"])
+def test_real_upgrade(env, node):
+    """cp-1: `kubeadm upgrade apply v1.36.3`, then cp-2: `kubeadm upgrade node` (the order docs/deploy.md
+    gives), each with upgrade-config.yaml and the kubelet stand-in."""
+    n, root = env.kc.node(node), env.roots[node]
+    envoy_pid = {node: n.envoy.process.pid}
+    before = {f: serial(n.pki / f) for f in PKI_FILES}
+    kubelet_conf_before = yaml.safe_load((root.etc / "kubelet.conf").read_text())["clusters"][0]["cluster"]["server"]
+    pods = ku.StaticPods(env.kc, root)
+    if node == "cp-1":
+        r = pods.serve_while(lambda: env.kubeadm(node, "upgrade", "apply", NEW, CONFIG, NO_KUBELET_REAL, "--yes",
+                                                 timeout=400))
+        assert f'[upgrade] SUCCESS! A control plane node of your cluster was upgraded to "{NEW}".' in r.stdout, \
+            r.stdout[-3000:]
+    else:
+        d = env.kubeadm(node, "upgrade", "node", "--dry-run", CONFIG, NO_KUBELET)
+        assert "[upgrade/successful] Finished dryrunning successfully!" in d.stdout, d.stdout[-2000:]
+        check_layout(ku.dryrun_files(d.stdout), n)
+        r = pods.serve_while(lambda: env.kubeadm(node, "upgrade", "node", CONFIG, NO_KUBELET_REAL, timeout=400))
+        assert "[upgrade] The control plane instance for this node was successfully upgraded!" in r.stdout or \
+            "successfully upgraded" in r.stdout, r.stdout[-3000:]
+    print("\n".join(l for l in r.stdout.splitlines() if l.startswith(("[upgrade/staticpods]", "[upgrade/control-plane]",
+                                                                        "[upgrade/kubeconfig]", "[upgrade]",
+                                                                        "[upgrade/successful]", "[upload-config]"))))
+    print(f"  kubelet stand-in restarted: {pods.events}")
+    assert [c for _, c, _ in pods.events] == list(ku.COMPONENTS), pods.events
+    api = check_layout({MANIFEST: n.manifest.read_text(),
+                        **{f"/etc/kubernetes/manifests/{c}.yaml": (root.manifests / f"{c}.yaml").read_text()
+                           for c in ku.COMPONENTS[1:]},
+                        "/var/lib/kubelet/config.yaml": (root.varlib / "config.yaml").read_text()}, n)
+    assert api["image"].endswith(NEW)
+    after = {f: serial(n.pki / f) for f in PKI_FILES}
+    renewed = sorted(f for f in PKI_FILES if before[f] != after[f])
+    print(f"  certificates renewed in place by kubeadm: {renewed}")
+    assert renewed == ["apiserver-kubelet-client.crt", "apiserver.crt", "front-proxy-client.crt"], (before, after)
+    # the new kube-apiserver presents the renewed serving certificate
+    assert presented_serial(n.apiserver_ip, APISERVER_PORT, n.pki / "ca.crt") == after["apiserver.crt"]
+    # and so does the same Envoy process (file-based SDS + the pki-reload mirror, docs/deploy.md
+    # "Certificate renewal"), whose clusters now hold the renewed front-proxy client certificate
+    renewed_at = (n.pki / "apiserver.crt").stat().st_mtime
+    got = wait_for(lambda: (presented_serial(n.node_ip, APISERVER_PORT, n.pki / "ca.crt") == after["apiserver.crt"]
+                            and norm(after["front-proxy-client.crt"]) in envoy_serials(n)) and time.time(), 15,
+                   f"{n.name}'s Envoy with the renewed certificates")
+    print(f"  {n.name}'s Envoy (pid {envoy_pid[node]}, not restarted) presents the renewed serving certificate and "
+          f"holds the renewed front-proxy client certificate at most {got - renewed_at:.1f}s after kubeadm renewed "
+          f"them (the check starts once kubeadm has returned)")
+    assert n.envoy.process.pid == envoy_pid[node] and n.envoy.process.poll() is None
+    # kubeadm's rewrites of kubeconfigs: only kubelet.conf's server may change (to the advertise address,
+    # on a real node <node-ip>:6443, Envoy's)
+    doc = root.doc_address_kubeconfigs()
+    kubelet_conf_after = yaml.safe_load((root.etc / "kubelet.conf").read_text())["clusters"][0]["cluster"]["server"]
+    print(f"  kubelet.conf server {kubelet_conf_before} -> {kubelet_conf_after}; naming the advertise address: {doc}")
+    assert set(doc) <= {"kubelet.conf"}, doc
+    root.loopback_kubeconfigs()
+    assert n.via("/version").json()["gitVersion"] == NEW
+    if node == "cp-1":
+        cc = env.cluster_configuration()
+        print(f"  kubeadm-config after apply: kubernetesVersion={cc['kubernetesVersion']} "
+              f"extraArgs={cc['apiServer']['extraArgs']}")
+        assert cc["kubernetesVersion"] == NEW
+        assert {"name": "bind-address", "value": "127.0.0.1"} in cc["apiServer"]["extraArgs"]
+
+
+def test_after_the_upgrade_both_nodes_serve_v1_36_through_envoy(env):
+    creds = kubeconfig_credentials(env.roots["cp-1"].etc / "admin.conf", env.kc.workdir / "creds-after")
+    for n in (env.cp1, env.cp2):
+        assert n.via("/version").json()["gitVersion"] == NEW
+        # a client certificate (admin.conf, renewed by upgrade apply): the proxy asserts its identity
+        aid = str(uuid.uuid4())
+        r = n.via("/api/v1/namespaces/kube-system/configmaps/kubeadm-config", cert=creds[0], key=creds[1],
+                  headers={"Audit-ID": aid})
+        ev = n.audit_event(aid)
+        print(f"  {n.name}: GET kubeadm-config through Envoy with admin.conf's renewed certificate: HTTP {r.status}, "
+              f"audited as {ev['user']['username']} {ev['user'].get('groups')}")
+        assert r.status == 200 and ev["user"]["username"] == "kubernetes-admin", ev["user"]
+        assert "kubeadm:cluster-admins" in ev["user"]["groups"]
+
+
+def test_zz_closing_note(env):
+    print(f"\nkubeadm runs (v1.36.3 unless noted), forwarded connections into kubeadm's namespace {env.net.connections}:")
+    for line in env.setup:
+        print(f"  setup ({OLD}): {line}")
+    for node, cmd, rc, dt in RUNS:
+        print(f"  [{node}] {cmd}  -> rc {rc}, {dt}s")
