@@ -6,7 +6,7 @@
 // Helpers outside #[test] functions: a panic there is a test failure too.
 #![allow(clippy::panic)]
 
-use kube_peer_proxy::config::{Config, FIELDS, IDENTITY_FIELDS, LEASE_FIELDS};
+use kube_peer_proxy::config::{Config, PeerGateConfig, FIELDS, IDENTITY_FIELDS, LEASE_FIELDS, PEER_GATE_FIELDS};
 use serde_json::{json, Map, Value};
 
 /// (field names of the row, default column) of every row of the "Plugin configuration" table.
@@ -66,6 +66,7 @@ fn every_accepted_field_is_documented_with_a_true_default() {
         .map(|f| f.to_string())
         .chain(LEASE_FIELDS.iter().map(|f| format!("lease_discovery.{f}")))
         .chain(IDENTITY_FIELDS.iter().map(|f| format!("client_identity.{f}")))
+        .chain(PEER_GATE_FIELDS.iter().map(|f| f.to_string()))
         .collect();
     let missing: Vec<&String> = accepted.iter().filter(|f| !documented.contains(f)).collect();
     assert!(
@@ -81,6 +82,15 @@ fn every_accepted_field_is_documented_with_a_true_default() {
     let mut checked = 0;
     for (names, default) in &rows {
         for name in names {
+            if PEER_GATE_FIELDS.contains(&name.as_str()) {
+                // The peer gate's own configuration (one required field).
+                assert!(default.contains("**required**"), "{name}: {default}");
+                let err = PeerGateConfig::parse(b"{}").expect_err("allowed_names is required");
+                assert!(err.contains(&format!("{name}: missing")), "{err}");
+                assert!(PeerGateConfig::parse(format!("{{\"{name}\": []}}").as_bytes()).is_ok());
+                checked += 1;
+                continue;
+            }
             let (good, p, f) = base(name);
             let without = {
                 let mut v = good.clone();
