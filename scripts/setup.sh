@@ -61,6 +61,14 @@ missing_apt_packages() {
 # (rustup's state lives outside the repo and may change independently). The
 # toolchain is the one rust-toolchain.toml pins (release builds are reproducible
 # on it); rustup does not install it by itself when RUSTUP_AUTO_INSTALL=0.
+# rustup and the toolchains it installs are a prerequisite (README "Prerequisites"): they come from
+# static.rust-lang.org, which no package registry mirrors (Debian 12 has no rustup package, and its
+# rustc 1.63 is too old for the pinned 1.95.0 and has no wasm32-wasip1 standard library).
+if ! command -v rustup >/dev/null; then
+    echo "setup: rustup is missing. Install it from https://rustup.rs and re-run: setup then installs" \
+         "the toolchain pinned in rust-toolchain.toml (needs static.rust-lang.org)" >&2
+    exit 1
+fi
 toolchain="$(sed -n 's/^channel *= *"\(.*\)"/\1/p' rust-toolchain.toml)"
 if [[ -z "$toolchain" ]]; then
     echo "setup: no channel in rust-toolchain.toml" >&2
@@ -110,6 +118,13 @@ log "pip install ${PY_PACKAGES[*]}"
 "$VENV/bin/python" -m pip install --quiet "${PY_PACKAGES[@]}"
 site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 printf '%s\n' "${PTH_DIRS[@]/#/$ROOT/}" > "$site/kube-peer-proxy-tooling.pth"
+
+# A go new enough for the tools below and for scripts/k8s/build.sh: the one on PATH, or go1.26.8 from the
+# Go module proxy's toolchain module, fetched with Debian's golang-go when nothing newer is there
+# (scripts/go-toolchain.sh).
+GO="$(bash "$ROOT/scripts/go-toolchain.sh")"
+export PATH="$(dirname "$GO"):$PATH"
+log "go: $GO ($(go env GOVERSION))"
 
 if [[ ! -x "$BIN/func-e" ]]; then
     log "go install func-e@$FUNC_E_VERSION -> $BIN/func-e"

@@ -36,6 +36,12 @@ path_of() {  # component version
 
 # Go's own caches stay where they are ($GOMODCACHE, $GOCACHE); the module proxy is the only source.
 export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
+# A go at least as new as k8s.io/kubernetes v1.36.3's go.mod asks for (GOTOOLCHAIN=local never switches):
+# the one on PATH, else the module proxy's toolchain that scripts/go-toolchain.sh installs.
+if [[ "${1:-}" != "--path" ]]; then
+    GO_BIN="$(bash "$(dirname "${BASH_SOURCE[0]}")/../go-toolchain.sh")"
+    export PATH="$(dirname "$GO_BIN"):$PATH"
+fi
 
 build_apiserver() {  # version [component]: any cmd/<component> of k8s.io/kubernetes
     local version="$1" component="${2:-kube-apiserver}" out work minor patch staging_ver modfile
