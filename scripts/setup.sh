@@ -91,6 +91,21 @@ if [[ $'\n'"$installed_targets"$'\n' != *$'\nwasm32-wasip1\n'* ]]; then
     rustup target add wasm32-wasip1
 fi
 
+# Each kubeadm-profile Envoy holds 8 inotify instances (4 file-based SDS secrets and their watched
+# directory: docs/deploy.md "Certificate renewal"); the tests run up to a dozen Envoys at once, the
+# kernel's default is 128 instances per user. Checked on every run, like the toolchain (a kernel
+# setting, not covered by the stamp); as root only.
+min_inotify=1024
+if [[ "$(cat /proc/sys/fs/inotify/max_user_instances 2>/dev/null || echo "$min_inotify")" -lt "$min_inotify" ]]; then
+    if [[ "$(id -u)" == 0 ]]; then
+        log "sysctl fs.inotify.max_user_instances=$min_inotify (many Envoys at once in the tests)"
+        sysctl -q -w fs.inotify.max_user_instances="$min_inotify" \
+            || log "WARNING: could not raise fs.inotify.max_user_instances; tests that run many Envoys may fail"
+    else
+        log "WARNING: fs.inotify.max_user_instances is below $min_inotify; tests that run many Envoys may fail"
+    fi
+fi
+
 script_hash="$(sha256sum "${BASH_SOURCE[0]}" | cut -d' ' -f1)"
 # The repository's Python tooling is one package, kpp (python/kpp: Envoy launcher, renderer, fake
 # apiserver, topology, control-plane helpers, simulation), importable from the venv as `kpp`: one .pth
