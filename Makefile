@@ -102,7 +102,7 @@ k8s-build-skew: k8s-build
 # The short real-controller upgrade (tests/k8s/test_upgrade_k8s.py, ~4 min) needs the v1.35.4 binaries:
 # k8s-build-skew builds them when missing, so it runs on every machine; so does the real kubeadm
 # v1.35.4 -> v1.36.3 upgrade with the proxy installed (tests/k8s/test_kubeadm_upgrade.py, ~3 min).
-E2E_K8S ?= tests/k8s/test_control_plane.py tests/k8s/test_parity.py tests/k8s/test_leases.py tests/k8s/test_deploy.py tests/k8s/test_kubeadm.py \
+E2E_K8S ?= tests/k8s/test_control_plane.py tests/k8s/test_parity.py tests/k8s/test_leases.py tests/k8s/test_leases_kubeadm.py tests/k8s/test_deploy.py tests/k8s/test_kubeadm.py \
 	tests/k8s/test_pki_renewal.py tests/k8s/test_kubeadm_upgrade.py tests/k8s/test_upgrade_k8s.py
 e2e-k8s: build k8s-build-skew
 	$(PYTEST) -q -rA $(E2E_K8S)

@@ -34,6 +34,10 @@ pub struct LeaseDiscovery {
     pub local_address: Option<String>,
     /// `hostname → ip:port` for servers that do not write the peer-advertise-address annotation.
     pub hosts: Vec<(String, String)>,
+    /// Reach a peer at its annotation's host on this port instead of the advertised port, which
+    /// kube-apiserver always fills from `--secure-port` (in kubeadm's layout, Envoy's client
+    /// listener); `None` keeps the advertised port.
+    pub peer_port: Option<u16>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,7 +116,14 @@ pub const IDENTITY_FIELDS: &[&str] = &[
 ];
 
 /// The fields of `lease_discovery`.
-pub const LEASE_FIELDS: &[&str] = &["cluster", "address_header", "local_hostname", "local_address", "hosts"];
+pub const LEASE_FIELDS: &[&str] = &[
+    "cluster",
+    "address_header",
+    "local_hostname",
+    "local_address",
+    "hosts",
+    "peer_port",
+];
 
 impl Config {
     pub fn parse(bytes: &[u8]) -> Result<Config, String> {
@@ -314,12 +325,30 @@ fn lease_discovery(obj: &Map<String, Value>, c: &Config) -> Result<Option<LeaseD
             hosts.push((name.clone(), a));
         }
     }
+    let peer_port = match o.get("peer_port") {
+        None => None,
+        Some(Value::Number(n)) => match n.as_u64().and_then(|p| u16::try_from(p).ok()).filter(|p| *p != 0) {
+            Some(p) => Some(p),
+            None => {
+                return Err(format!(
+                    "lease_discovery.peer_port: must be a port number 1-65535, got {n}"
+                ))
+            }
+        },
+        Some(other) => {
+            return Err(format!(
+                "lease_discovery.peer_port: expected a port number, got {}",
+                kind(other)
+            ))
+        }
+    };
     Ok(Some(LeaseDiscovery {
         cluster,
         address_header,
         local_hostname,
         local_address,
         hosts,
+        peer_port,
     }))
 }
 

@@ -522,7 +522,8 @@ impl Syncer {
             hostname: config.local_hostname.clone(),
             address: config.local_address.clone(),
         };
-        leases::parse_lease_list(&body, &own, &config.hosts).map_err(|e| (SyncErrorKind::Decode, e))
+        leases::parse_lease_list_at(&body, &own, &config.hosts, config.peer_port)
+            .map_err(|e| (SyncErrorKind::Decode, e))
     }
 
     /// Applies a lease list: new live leases become members (fetched at once), a changed holder

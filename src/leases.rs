@@ -119,15 +119,45 @@ struct Spec {
     renew_time: Option<String>,
 }
 
+/// [`parse_lease_list_at`] with the annotation's port used as written.
+pub fn parse_lease_list(body: &[u8], own: &Own, hosts: &[(String, String)]) -> Result<Vec<LeasePeer>, String> {
+    parse_lease_list_at(body, own, hosts, None)
+}
+
+/// Where a peer is reached, from its lease's `kubernetes.io/peer-advertise-address`: the host as
+/// advertised, with `peer_port` instead of the advertised port when one is set.
+///
+/// kube-apiserver writes the annotation from `--advertise-address` and `--secure-port`, whatever
+/// `--peer-advertise-ip/port` say (v1.36.3 `pkg/controlplane/apiserver/server.go` passes
+/// `c.Extra.PeerAdvertiseAddress`, which `config.go` never sets). In kubeadm's layout that port is
+/// Envoy's client listener, which verifies the caller against the cluster CA; the peer listener
+/// (the front-proxy CA) is on the same host at `peer_port`.
+pub fn peer_address(advertised: &str, peer_port: Option<u16>) -> Option<String> {
+    let canonical = parse_address(advertised)?;
+    let Some(port) = peer_port else {
+        return Some(canonical);
+    };
+    let mut addr: SocketAddr = canonical.parse().ok()?;
+    addr.set_port(port);
+    parse_address(&addr.to_string())
+}
+
 /// Parses a `LeaseList` body into the peers: valid identity leases (label value `kube-apiserver`,
 /// non-empty `holderIdentity`, like upstream's `isValidPeerIdentityLease`, which also drops a
 /// missing one) that are not our own, sorted by id, one per id. The address comes from the
-/// annotation, else from `hosts` (hostname → `ip:port`).
+/// annotation ([`peer_address`]: its port replaced by `peer_port` when set), else from `hosts`
+/// (hostname → `ip:port`, used as written). `own.address` matches a lease's address as advertised
+/// or as resolved.
 ///
 /// A body that is not a list with `items`, or whose fields have the wrong JSON types, is rejected
 /// as a whole: no apiserver sends one, and dropping just one item would look like that member left.
 /// The caller keeps its last good list.
-pub fn parse_lease_list(body: &[u8], own: &Own, hosts: &[(String, String)]) -> Result<Vec<LeasePeer>, String> {
+pub fn parse_lease_list_at(
+    body: &[u8],
+    own: &Own,
+    hosts: &[(String, String)],
+    peer_port: Option<u16>,
+) -> Result<Vec<LeasePeer>, String> {
     // A derived struct also deserializes from a JSON array; only an object is a list.
     if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return Err("lease list: the body is not a JSON object".into());
@@ -154,18 +184,17 @@ pub fn parse_lease_list(body: &[u8], own: &Own, hosts: &[(String, String)]) -> R
             continue;
         };
         let hostname = metadata.labels.get(HOSTNAME_LABEL).cloned().unwrap_or_default();
-        let address = metadata
-            .annotations
-            .get(ADDRESS_ANNOTATION)
-            .and_then(|a| parse_address(a))
-            .or_else(|| {
-                hosts
-                    .iter()
-                    .find(|(h, _)| !hostname.is_empty() && *h == hostname)
-                    .and_then(|(_, a)| parse_address(a))
-            });
+        let advertised = metadata.annotations.get(ADDRESS_ANNOTATION).map(String::as_str);
+        let address = advertised.and_then(|a| peer_address(a, peer_port)).or_else(|| {
+            hosts
+                .iter()
+                .find(|(h, _)| !hostname.is_empty() && *h == hostname)
+                .and_then(|(_, a)| parse_address(a))
+        });
         let is_own = own_hostname.is_some_and(|h| h == hostname)
-            || own_address.as_ref().is_some_and(|a| address.as_ref() == Some(a));
+            || own_address
+                .as_ref()
+                .is_some_and(|a| address.as_ref() == Some(a) || advertised.and_then(parse_address).as_ref() == Some(a));
         if is_own {
             continue;
         }

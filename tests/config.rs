@@ -560,6 +560,36 @@ fn rejections_name_the_field() {
             contains: "not an ip:port",
         },
         Bad {
+            desc: "lease_discovery peer_port zero",
+            json: r#"{"local_cluster":"a","lease_discovery":{"cluster":"p","local_hostname":"h","peer_port":0}}"#,
+            field: "lease_discovery.peer_port",
+            contains: "1-65535",
+        },
+        Bad {
+            desc: "lease_discovery peer_port above 65535",
+            json: r#"{"local_cluster":"a","lease_discovery":{"cluster":"p","local_hostname":"h","peer_port":65536}}"#,
+            field: "lease_discovery.peer_port",
+            contains: "1-65535",
+        },
+        Bad {
+            desc: "lease_discovery peer_port negative",
+            json: r#"{"local_cluster":"a","lease_discovery":{"cluster":"p","local_hostname":"h","peer_port":-1}}"#,
+            field: "lease_discovery.peer_port",
+            contains: "1-65535",
+        },
+        Bad {
+            desc: "lease_discovery peer_port fractional",
+            json: r#"{"local_cluster":"a","lease_discovery":{"cluster":"p","local_hostname":"h","peer_port":6444.5}}"#,
+            field: "lease_discovery.peer_port",
+            contains: "1-65535",
+        },
+        Bad {
+            desc: "lease_discovery peer_port a string",
+            json: r#"{"local_cluster":"a","lease_discovery":{"cluster":"p","local_hostname":"h","peer_port":"6444"}}"#,
+            field: "lease_discovery.peer_port",
+            contains: "expected a port number",
+        },
+        Bad {
             desc: "client_identity not an object",
             json: r#"{"local_cluster":"a","client_identity":true}"#,
             field: "client_identity",
@@ -725,6 +755,17 @@ fn lease_discovery_config() {
         ]
     );
     assert_eq!(c.clusters().collect::<Vec<_>>(), ["local", "peers-by-address"]);
+    assert_eq!(l.peer_port, None, "the advertised port is kept unless peer_port is set");
+    for (port, want) in [("6444", 6444), ("1", 1), ("65535", 65535)] {
+        let json = format!(
+            r#"{{"local_cluster":"local","lease_discovery":{{"cluster":"p","local_hostname":"cp-1","peer_port":{port}}}}}"#
+        );
+        let l = Config::parse(json.as_bytes())
+            .expect("peer_port")
+            .lease_discovery
+            .expect("lease_discovery");
+        assert_eq!(l.peer_port, Some(want));
+    }
 }
 
 #[test]

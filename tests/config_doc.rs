@@ -35,7 +35,7 @@ fn doc_rows() -> Vec<(Vec<String>, String)> {
 /// A valid configuration that sets every optional part, and where `field` lives in it.
 fn base(field: &str) -> (Value, Option<&'static str>, String) {
     let full = json!({"local_cluster": "l",
-                      "lease_discovery": {"cluster": "p", "local_hostname": "h"},
+                      "lease_discovery": {"cluster": "p", "local_hostname": "h", "peer_port": 6444},
                       "client_identity": {"username_headers": ["x-u"], "group_headers": ["x-g"]}});
     match field.split_once('.') {
         Some(("lease_discovery", f)) => (full, Some("lease_discovery"), f.to_string()),

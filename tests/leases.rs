@@ -2,8 +2,8 @@
 #![cfg(test)]
 
 use kube_peer_proxy::leases::{
-    diff, parse_address, parse_lease_list, parse_rfc3339_ms, Changes, LeasePeer, Own, ADDRESS_ANNOTATION,
-    HOSTNAME_LABEL, IDENTITY_LABEL, LEASE_LIST_PATH,
+    diff, parse_address, parse_lease_list, parse_lease_list_at, parse_rfc3339_ms, peer_address, Changes, LeasePeer,
+    Own, ADDRESS_ANNOTATION, HOSTNAME_LABEL, IDENTITY_LABEL, LEASE_LIST_PATH,
 };
 
 /// 2026-07-23T10:00:00Z in ms since the epoch.
@@ -240,6 +240,79 @@ fn ipv6_annotation_is_canonicalized() {
     let body = one(&meta, r#"{"holderIdentity":"x_1"}"#);
     let peers = parse_lease_list(body.as_bytes(), &Own::default(), &[]).unwrap();
     assert_eq!(peers[0].address.as_deref(), Some("[fd00::a]:6443"));
+}
+
+#[test]
+fn peer_port_replaces_the_advertised_port_only() {
+    assert_eq!(
+        peer_address("10.0.0.2:6443", Some(6444)).as_deref(),
+        Some("10.0.0.2:6444")
+    );
+    assert_eq!(peer_address("10.0.0.2:6443", None).as_deref(), Some("10.0.0.2:6443"));
+    assert_eq!(
+        peer_address("[FD00::0B]:6443", Some(6444)).as_deref(),
+        Some("[fd00::b]:6444")
+    );
+    // The advertised address must still be a usable address: the port does not rescue it.
+    for bad in [
+        "cp-b:6443",
+        "10.0.0.2",
+        "10.0.0.2:0",
+        "0.0.0.0:6443",
+        "10.0.0.2:http",
+        "",
+    ] {
+        assert_eq!(peer_address(bad, Some(6444)), None, "{bad:?}");
+    }
+
+    // The list from kube-apiservers that advertise --advertise-address:--secure-port (kubeadm's
+    // layout: Envoy's client listener), peers reached at their peer listener instead.
+    let h = hosts(&[("cp-c", "10.0.0.3:7000")]);
+    let peers = parse_lease_list_at(LIST.as_bytes(), &own_a(), &h, Some(6444)).unwrap();
+    assert_eq!(
+        ids(&peers),
+        [
+            "apiserver-b2pxk7zq4mlw3t5y6u7i8o9pqa",
+            "apiserver-c3qyl8ar5nmx4u6z7v8j9p0qrb"
+        ]
+    );
+    assert_eq!(peers[0].address.as_deref(), Some("10.0.0.2:6444"));
+    // A hosts entry (a server without the annotation) is used as written.
+    assert_eq!(peers[1].address.as_deref(), Some("10.0.0.3:7000"));
+    // Without peer_port: the advertised port, as before.
+    let peers = parse_lease_list_at(LIST.as_bytes(), &own_a(), &h, None).unwrap();
+    assert_eq!(peers[0].address.as_deref(), Some("10.0.0.2:6443"));
+    assert_eq!(parse_lease_list(LIST.as_bytes(), &own_a(), &h).unwrap(), peers);
+}
+
+#[test]
+fn own_address_matches_the_advertised_or_the_resolved_address() {
+    for own_address in ["10.0.0.1:6443", "10.0.0.1:6444"] {
+        let own = Own {
+            hostname: None,
+            address: Some(own_address.into()),
+        };
+        let peers = parse_lease_list_at(LIST.as_bytes(), &own, &[], Some(6444)).unwrap();
+        assert_eq!(
+            ids(&peers),
+            [
+                "apiserver-b2pxk7zq4mlw3t5y6u7i8o9pqa",
+                "apiserver-c3qyl8ar5nmx4u6z7v8j9p0qrb"
+            ],
+            "{own_address}"
+        );
+    }
+    // Another port of the same host is not this server.
+    let own = Own {
+        hostname: None,
+        address: Some("10.0.0.1:7000".into()),
+    };
+    assert_eq!(
+        parse_lease_list_at(LIST.as_bytes(), &own, &[], Some(6444))
+            .unwrap()
+            .len(),
+        3
+    );
 }
 
 #[test]

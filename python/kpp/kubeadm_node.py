@@ -289,7 +289,7 @@ class KubeadmNode:
     version: str = DEFAULT_VERSION
     runtime_config: str = ""
     token_file: Path | None = None
-    extra_flags: dict = field(default_factory=dict)
+    extra_flags: dict = field(default_factory=dict)   # flag → value, or None: as kubeadm wrote it (or absent)
     apiserver_proc: Proc | None = None
     envoy: "harness.Envoy | None" = None
     pki_reload: Proc | None = None
@@ -446,7 +446,14 @@ class KubeadmNode:
             flags["--token-auth-file"] = str(self.token_file)
         if self.runtime_config:
             flags["--runtime-config"] = self.runtime_config
-        flags.update(self.extra_flags)
+        kubeadms = flag_dict(self.kubeadm_command)
+        for k, v in self.extra_flags.items():
+            if v is None:  # kubeadm's own value, or no such flag when kubeadm sets none
+                flags.pop(k, None)
+                if k in kubeadms:
+                    flags[k] = kubeadms[k]
+            else:
+                flags[k] = v
         return [f"{k}={v}" for k, v in flags.items()]
 
     def changed_flags(self) -> dict[str, tuple[str | None, str]]:
@@ -504,14 +511,15 @@ class KubeadmNode:
         kw.update(overrides)
         return render.render_kubeadm(**kw)
 
-    def start_envoy(self, peers: list["KubeadmNode"], wasm: Path, mutate=None):
+    def start_envoy(self, peers: list["KubeadmNode"], wasm: Path, mutate=None, **overrides):
         """Envoy and, beside it as in the static pod, the pki-reload loop (renewed PKI files reload).
-        mutate: a function of the bootstrap text (kpp.mutants), for runs that must fail."""
+        mutate: a function of the bootstrap text (kpp.mutants), for runs that must fail; overrides:
+        passed to render_kubeadm (render_envoy), e.g. leases={"local_hostname": ...}."""
         self.admin_port = self.admin_port or free_port()
         if self.pki_reload is None:
             self.pki_reload = pki_reload.start(self.pki, self.reload_dir, self.workdir / "pki-reload.log",
                                                f"pki-reload-{self.name}")
-        self.envoy_yaml = self.render_envoy(peers, wasm)
+        self.envoy_yaml = self.render_envoy(peers, wasm, **overrides)
         if mutate:
             self.envoy_yaml = mutate(self.envoy_yaml)
         self.envoy = harness.Envoy(self.envoy_yaml, f"kubeadm-{self.name}", self.admin_port,

@@ -351,17 +351,31 @@ def _access_log(path):
             "resp_audit_id": "%RESP(AUDIT-ID)%", "listener_port": "%DOWNSTREAM_LOCAL_PORT%"}}}}]
 
 
-def render_kubeadm(*, node, node_ip, apiserver, wasm_path, peers=None, leases=None, admin_port=9901,
-                   port=6443, peer_port=6444, access_log=None, requestheader=None, plugin=None,
+def render_kubeadm(*, node, node_ip, apiserver, wasm_path, peers=None, leases=None, lease_hosts=None,
+                   admin_port=9901, port=6443, peer_port=6444, access_log=None, requestheader=None, plugin=None,
                    peer_allowed_names=("front-proxy-client",), sds_dir=KUBEADM_SDS_DIR):
     """The bootstrap of one kubeadm control-plane node (JSON text).
 
     apiserver: (host, port) the local kube-apiserver now binds (127.0.0.1:6443 on a real node);
     sds_dir: where the node's SDS secret files are (write_kubeadm_sds writes them; they name the
     kubeadm PKI files, /etc/kubernetes/pki on a real node); peers: [(name, node_ip)] of the other
-    control-plane nodes, reached at their peer listener, or leases: lease mode (the peers' identity
-    leases advertise <node-ip>:<peer-port>, e.g. --peer-advertise-ip/--peer-advertise-port).
+    control-plane nodes, reached at their peer listener; or leases: lease mode, the plugin's
+    `lease_discovery` fields, e.g. {"local_hostname": "cp-1"} (the node's hostname: its apiserver's
+    identity lease label; every control-plane node needs a distinct one). kube-apiserver writes its
+    lease's `kubernetes.io/peer-advertise-address` from --advertise-address and --secure-port
+    (1.36; --peer-advertise-ip/port do not reach it), i.e. <node-ip>:6443, Envoy's client listener:
+    lease mode reaches that host at `peer_port` instead (`lease_discovery.peer_port`, set here; a
+    key set to None is left out, e.g. {"peer_port": None} keeps the advertised port). lease_hosts:
+    [(hostname, node_ip)] of nodes whose apiserver writes no annotation (1.35 and older with
+    default feature gates), reached at <node-ip>:<peer_port>. Neither peers nor leases: a single
+    control-plane node, no peers.
     """
+    if leases is not None:
+        hosts = {h: f"{ip}:{peer_port}" for h, ip in (lease_hosts or [])}
+        leases = {"peer_port": peer_port, **({"hosts": hosts} if hosts else {}), **leases}
+        leases = {k: v for k, v in leases.items() if v is not None}
+    elif lease_hosts:
+        raise ValueError("lease_hosts needs lease mode (leases)")
     rh = dict(requestheader or KUBEADM_REQUESTHEADER)
     user_header = rh["username_headers"][0]
     cfg = {"client_identity": rh,
@@ -524,7 +538,12 @@ def _main_kubeadm(argv):
     p.add_argument("--peer", action="append", default=[],
                    help="name=node-ip of another control-plane node (repeat per node; the same names on every node)")
     p.add_argument("--lease-local-hostname", default=None,
-                   help="lease mode: this node's kubernetes.io/hostname (its apiserver's identity lease label)")
+                   help="lease mode: this node's hostname (the kubernetes.io/hostname label of its apiserver's "
+                        "identity lease; every control-plane node needs a distinct one). Peers are found from the "
+                        "leases and reached at the advertised host on --peer-port; no apiserver flag is needed")
+    p.add_argument("--lease-host", action="append", default=[], metavar="HOSTNAME=NODE_IP",
+                   help="lease mode: a node whose apiserver writes no peer-advertise-address annotation (1.35 and "
+                        "older with default feature gates), reached at NODE_IP:<peer-port> (repeatable)")
     p.add_argument("--peer-port", type=int, default=6444,
                    help="the peer listener's port, on this node and on every peer")
     p.add_argument("--wasm", required=True, help="path of the kube-peer-proxy .wasm as Envoy sees it")
@@ -541,10 +560,13 @@ def _main_kubeadm(argv):
     a = p.parse_args(argv)
     if a.peer and a.lease_local_hostname:
         p.error("give --peer for each other node, or --lease-local-hostname (lease mode), not both")
+    if a.lease_host and not a.lease_local_hostname:
+        p.error("--lease-host is for lease mode: give --lease-local-hostname too")
     text = render_kubeadm(
         node=a.node, node_ip=a.node_ip, apiserver=_hostport(a.apiserver), wasm_path=a.wasm,
         peers=[tuple(x.split("=", 1)) for x in a.peer] or None,
         leases={"local_hostname": a.lease_local_hostname} if a.lease_local_hostname else None,
+        lease_hosts=[tuple(x.split("=", 1)) for x in a.lease_host] or None,
         admin_port=a.admin_port, access_log=a.access_log, sds_dir=a.sds_dir, peer_port=a.peer_port,
         requestheader={**KUBEADM_REQUESTHEADER, "uid_headers": [a.uid_header.lower()]} if a.uid_header else None)
     if a.write_sds:

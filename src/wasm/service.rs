@@ -19,6 +19,9 @@ pub struct Service {
     syncer: Syncer,
     tokens: HashMap<u32, u64>,
     metrics: Metrics,
+    /// Members whose `server_fresh` gauge was last set: one that left (its lease gone) is set to 0,
+    /// since an Envoy gauge cannot be removed and would otherwise keep saying fresh.
+    fresh_exported: Vec<String>,
 }
 
 impl Service {
@@ -27,6 +30,7 @@ impl Service {
             syncer: Syncer::new(&config),
             tokens: HashMap::new(),
             metrics: Metrics::default(),
+            fresh_exported: Vec::new(),
         }
     }
 
@@ -161,12 +165,21 @@ impl Service {
             .server_freshness(now)
             .map(|(n, f)| (n.to_string(), f))
             .collect();
-        for (name, fresh) in fresh {
+        for gone in self
+            .fresh_exported
+            .iter()
+            .filter(|n| !fresh.iter().any(|(f, _)| f == *n))
+        {
+            self.metrics
+                .set(metrics::name(metrics::SERVER_FRESH, &[("server", gone)]), 0);
+        }
+        for (name, fresh) in &fresh {
             self.metrics.set(
-                metrics::name(metrics::SERVER_FRESH, &[("server", &name)]),
-                u64::from(fresh),
+                metrics::name(metrics::SERVER_FRESH, &[("server", name)]),
+                u64::from(*fresh),
             );
         }
+        self.fresh_exported = fresh.into_iter().map(|(n, _)| n).collect();
         let status: Vec<(String, Option<u64>)> = self.syncer.server_status().map(|(n, t)| (n.to_string(), t)).collect();
         for (name, last) in status {
             if let Some(t) = last {
