@@ -40,7 +40,10 @@ pub struct Gvr {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
-    /// Let the request continue to the local apiserver; its answer stands.
+    /// Let the request continue to the local apiserver. Its answer stands, except that for
+    /// [`LocalReason::ServedLocally`] and [`LocalReason::NotServedAnywhere`] a "type not served
+    /// here" 404 is verified: it becomes a 503 if another member's discovery lists the type now
+    /// ([`Route::guard`], [`Mode::Verified`]).
     Local(LocalReason),
     /// Let the request continue to the local apiserver, but a 404 meaning "this resource type is
     /// not served here" (see [`crate::not_found`]) becomes a 503: a peer is known to serve it, or
@@ -54,6 +57,112 @@ pub enum Decision {
     Unavailable { gvr: Gvr },
     /// Answer with the merged discovery document.
     Merged(MergedDoc),
+}
+
+/// How a "type not served here" 404 is judged (see [`crate::guard`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// It becomes a 503 without asking anyone else.
+    Strict,
+    /// It stands only if no other member's discovery lists the type now.
+    Verified,
+}
+
+/// What the 404 guard ([`crate::guard`]) needs of a request, decided with its routing (so the
+/// path is parsed once and the mode is chosen where the table is read).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Guard {
+    pub mode: Mode,
+    pub subject: Subject,
+}
+
+/// What a guarded request is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subject {
+    /// For a discovery document: its group and version (`""` for `/apis/<g>`), no resource.
+    pub gvr: Gvr,
+    /// A resource request's subresource, `""` for none.
+    pub subresource: String,
+    pub kind: Kind,
+}
+
+/// Object against type: which 404s a request can get.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A resource request: its 404 may be a missing object's.
+    Resource,
+    /// A discovery document (`/api/<v>`, `/apis/<g>/<v>`, `/apis/<g>`): its 404 is about the type.
+    Document,
+}
+
+impl Subject {
+    /// The subject of a parsed request, or `None` for requests no 404 guard applies to.
+    pub fn of(kind: &RequestKind) -> Option<Subject> {
+        let (group, version, resource, subresource, kind) = match kind {
+            RequestKind::Resource(r) => (r.group, r.version, r.resource, r.subresource, Kind::Resource),
+            RequestKind::NonResource(NonResource::CoreVersion(v)) => ("", *v, "", "", Kind::Document),
+            RequestKind::NonResource(NonResource::GroupVersion(g, v)) => (*g, *v, "", "", Kind::Document),
+            RequestKind::NonResource(NonResource::Group(g)) => (*g, "", "", "", Kind::Document),
+            _ => return None,
+        };
+        Some(Subject {
+            gvr: Gvr {
+                group: group.to_string(),
+                version: version.to_string(),
+                resource: resource.to_string(),
+            },
+            subresource: subresource.to_string(),
+            kind,
+        })
+    }
+
+    /// The table keys the request is routed on: its own, then (for a subresource) its parent's.
+    pub fn keys(&self) -> (String, Option<String>) {
+        let g = &self.gvr;
+        match self.kind {
+            Kind::Document if g.version.is_empty() => (snapshot::group_key(&g.group), None),
+            Kind::Document => (snapshot::version_key(&g.group, &g.version), None),
+            Kind::Resource => {
+                let rkey = snapshot::resource_key(&g.group, &g.version, &g.resource);
+                if self.subresource.is_empty() {
+                    (rkey, None)
+                } else {
+                    let skey = snapshot::subresource_key(&g.group, &g.version, &g.resource, &self.subresource);
+                    (skey, Some(rkey))
+                }
+            }
+        }
+    }
+}
+
+/// A decision and, for a request whose 404 is guarded, what the guard needs (see [`crate::guard`]):
+/// the filter acts on this, so it never parses the path again nor infers the mode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    pub decision: Decision,
+    /// `Strict` for [`Decision::Guarded`] and [`Decision::Peer`], `Verified` for the local
+    /// decisions noted at [`Decision::Local`], `None` where the answer stands.
+    pub guard: Option<Guard>,
+}
+
+impl Route {
+    fn stands(decision: Decision) -> Route {
+        Route { decision, guard: None }
+    }
+
+    /// Local; a type-404 is strict (`Guarded`) when `strict`, else verified.
+    fn local(reason: LocalReason, strict: bool, subject: Subject) -> Route {
+        let (decision, mode) = if strict {
+            let gvr = subject.gvr.clone();
+            (Decision::Guarded { reason, gvr }, Mode::Strict)
+        } else {
+            (Decision::Local(reason), Mode::Verified)
+        };
+        Route {
+            decision,
+            guard: Some(Guard { mode, subject }),
+        }
+    }
 }
 
 /// Why a request stays local (for debug logs and tests).
@@ -88,20 +197,7 @@ pub fn decide(
     decide_with(req, table, merged_discovery, pick, &mut |_| false)
 }
 
-/// [`decide`] with passive health: `is_down(i)` says whether a request to `servers[i]` just failed
-/// to connect. It is asked only about peers that serve the request, so the common paths cost nothing.
-///
-/// The order (local first, the 404 guarded):
-/// 1. `x-kubernetes-peer-proxied: true` → local (loop prevention);
-/// 2. merged discovery → the merged document, if the local server's own part is known (else the
-///    local answer: discovery trouble never fails closed);
-/// 3. the local server is known to serve it and answers discovery → local, guarded if a peer serves
-///    it too or some member's API set is unknown;
-/// 4. a fresh, reachable peer serves it → that peer (a random one of them);
-/// 5. the local server is known to serve it (but did not answer its last round) → local, guarded;
-/// 6. only unreachable or stale members serve it → 503;
-/// 7. nobody is known to serve it → local, guarded while some member's API set is unknown (else its
-///    404 is genuine).
+/// [`route`]'s decision.
 pub fn decide_with(
     req: &RequestFacts,
     table: Option<&Table>,
@@ -109,80 +205,55 @@ pub fn decide_with(
     pick: &mut dyn FnMut(usize) -> usize,
     is_down: &mut dyn FnMut(usize) -> bool,
 ) -> Decision {
+    route(req, table, merged_discovery, pick, is_down).decision
+}
+
+/// [`decide`] with passive health, and the 404 guard's part: `is_down(i)` says whether a request to
+/// `servers[i]` just failed to connect. It is asked only about peers that serve the request, so the
+/// common paths cost nothing.
+///
+/// The order (local first, the 404 guarded):
+/// 1. `x-kubernetes-peer-proxied: true` → local (loop prevention);
+/// 2. merged discovery → the merged document, if the local server's own part is known (else the
+///    local answer: discovery trouble never fails closed);
+/// 3. the local server is known to serve it and answers discovery → local, strict if a peer serves
+///    it too or some member's API set is unknown, else verified;
+/// 4. a fresh, reachable peer serves it → that peer (a random one of them), strict;
+/// 5. the local server is known to serve it (but did not answer its last round) → local, as in 3;
+/// 6. only unreachable or stale members serve it → 503;
+/// 7. nobody is known to serve it → local, strict while some member's API set is unknown, else
+///    verified.
+pub fn route(
+    req: &RequestFacts,
+    table: Option<&Table>,
+    merged_discovery: bool,
+    pick: &mut dyn FnMut(usize) -> usize,
+    is_down: &mut dyn FnMut(usize) -> bool,
+) -> Route {
     // Loop prevention first: a forwarded request (or a discovery fetch from a peer's proxy) is
     // always served by the local apiserver with its own view.
     if req.peer_proxied.is_some_and(|v| v == "true") {
-        return Decision::Local(LocalReason::AlreadyProxied);
+        return Route::stands(Decision::Local(LocalReason::AlreadyProxied));
     }
     let mut decoded = String::new();
     let kind = request_info::parse_decoded(req.method, req.path, &mut decoded);
-    let is_get = req.method.eq_ignore_ascii_case("GET");
-    let (local_key, fallback_key, gvr) = match &kind {
-        RequestKind::Invalid => return Decision::Local(LocalReason::Invalid),
-        RequestKind::NonResource(nr) => match nr {
-            NonResource::ApisRoot | NonResource::ApiRoot => {
-                if !(is_get && merged_discovery) {
-                    return Decision::Local(LocalReason::LocalDiscovery);
-                }
-                let doc = match (nr, accept::negotiate(req.accept)) {
-                    (_, DiscoveryChoice::Local) | (NonResource::ApiRoot, DiscoveryChoice::MergedLegacy) => {
-                        return Decision::Local(LocalReason::LocalDiscovery)
-                    }
-                    (NonResource::ApiRoot, _) => MergedDoc::Api,
-                    (_, DiscoveryChoice::Merged) => MergedDoc::Apis,
-                    (_, DiscoveryChoice::MergedLegacy) => MergedDoc::ApisLegacy,
-                };
-                // The merged document replaces the local answer only if it contains the local
-                // server's own part; otherwise the local answer is the better one.
-                let local_known = table.is_some_and(|t| {
-                    let known = if doc == MergedDoc::Api {
-                        t.known_core
-                    } else {
-                        t.known_groups
-                    };
-                    t.local_mask() & known != 0
-                });
-                if !local_known {
-                    return Decision::Local(LocalReason::LocalDiscovery);
-                }
-                return Decision::Merged(doc);
-            }
-            NonResource::CoreVersion(v) => (snapshot::version_key("", v), None, gv("", v)),
-            NonResource::Group(g) => (snapshot::group_key(g), None, gv(g, "")),
-            NonResource::GroupVersion(g, v) => (snapshot::version_key(g, v), None, gv(g, v)),
-            NonResource::Other => return Decision::Local(LocalReason::NonResource),
-        },
-        RequestKind::Resource(r) => {
-            let gvr = Gvr {
-                group: r.group.to_string(),
-                version: r.version.to_string(),
-                resource: r.resource.to_string(),
-            };
-            let rkey = snapshot::resource_key(r.group, r.version, r.resource);
-            if r.subresource.is_empty() {
-                (rkey, None, gvr)
-            } else {
-                let skey = snapshot::subresource_key(r.group, r.version, r.resource, r.subresource);
-                (skey, Some(rkey), gvr)
-            }
+    let subject = match &kind {
+        RequestKind::Invalid => return Route::stands(Decision::Local(LocalReason::Invalid)),
+        RequestKind::NonResource(nr @ (NonResource::ApisRoot | NonResource::ApiRoot)) => {
+            return Route::stands(root_discovery(nr, req, table, merged_discovery))
         }
+        _ => match Subject::of(&kind) {
+            Some(subject) => subject,
+            None => return Route::stands(Decision::Local(LocalReason::NonResource)),
+        },
     };
     let Some(table) = table else {
-        return Decision::Guarded {
-            reason: LocalReason::NoSnapshot,
-            gvr,
-        };
+        return Route::local(LocalReason::NoSnapshot, true, subject);
     };
     let local = table.local_mask();
-    let incomplete = table.incomplete(&gvr.group, &gvr.version);
-    let guarded = |reason, peers_serve: bool, gvr: Gvr| {
-        if peers_serve || incomplete {
-            Decision::Guarded { reason, gvr }
-        } else {
-            Decision::Local(reason)
-        }
-    };
-    let routable = table.fresh(&gvr.group) & !local & !table.unhealthy;
+    let incomplete = table.incomplete(&subject.gvr.group, &subject.gvr.version);
+    let routable = table.fresh(&subject.gvr.group) & !local & !table.unhealthy;
+    let (local_key, fallback_key) = subject.keys();
     for (nth, key) in std::iter::once(&local_key).chain(fallback_key.as_ref()).enumerate() {
         let servers = table.servers_for(key);
         if servers == 0 {
@@ -194,28 +265,58 @@ pub fn decide_with(
         // The local server's data is trusted only while it answers discovery: right after it
         // restarts (perhaps as another version) its old data may claim resources it no longer serves.
         if servers & local & !table.unhealthy != 0 {
-            return guarded(LocalReason::ServedLocally, peers_serve, gvr);
+            return Route::local(LocalReason::ServedLocally, peers_serve || incomplete, subject);
         }
         let healthy: Vec<usize> = bits(servers & routable).filter(|i| !is_down(*i)).collect();
         if let Some(nth) = healthy.len().checked_sub(1).map(|last| pick(healthy.len()).min(last)) {
             let index = healthy.get(nth).copied().unwrap_or(0);
-            return Decision::Peer { index, gvr };
+            let gvr = subject.gvr.clone();
+            return Route {
+                decision: Decision::Peer { index, gvr },
+                guard: Some(Guard {
+                    mode: Mode::Strict,
+                    subject,
+                }),
+            };
         }
         if servers & local != 0 {
-            return guarded(LocalReason::ServedLocally, peers_serve, gvr);
+            return Route::local(LocalReason::ServedLocally, peers_serve || incomplete, subject);
         }
-        return Decision::Unavailable { gvr };
+        return Route::stands(Decision::Unavailable { gvr: subject.gvr });
     }
-    guarded(LocalReason::NotServedAnywhere, false, gvr)
-}
-fn bits(mask: u64) -> impl Iterator<Item = usize> {
-    (0..64usize).filter(move |i| mask & (1u64 << i) != 0)
+    Route::local(LocalReason::NotServedAnywhere, incomplete, subject)
 }
 
-fn gv(group: &str, version: &str) -> Gvr {
-    Gvr {
-        group: group.to_string(),
-        version: version.to_string(),
-        resource: String::new(),
+/// Step 2: `/api` and `/apis`.
+fn root_discovery(nr: &NonResource, req: &RequestFacts, table: Option<&Table>, merged_discovery: bool) -> Decision {
+    let is_get = req.method.eq_ignore_ascii_case("GET");
+    if !(is_get && merged_discovery) {
+        return Decision::Local(LocalReason::LocalDiscovery);
     }
+    let doc = match (nr, accept::negotiate(req.accept)) {
+        (_, DiscoveryChoice::Local) | (NonResource::ApiRoot, DiscoveryChoice::MergedLegacy) => {
+            return Decision::Local(LocalReason::LocalDiscovery)
+        }
+        (NonResource::ApiRoot, _) => MergedDoc::Api,
+        (_, DiscoveryChoice::Merged) => MergedDoc::Apis,
+        (_, DiscoveryChoice::MergedLegacy) => MergedDoc::ApisLegacy,
+    };
+    // The merged document replaces the local answer only if it contains the local server's own
+    // part; otherwise the local answer is the better one.
+    let local_known = table.is_some_and(|t| {
+        let known = if doc == MergedDoc::Api {
+            t.known_core
+        } else {
+            t.known_groups
+        };
+        t.local_mask() & known != 0
+    });
+    if !local_known {
+        return Decision::Local(LocalReason::LocalDiscovery);
+    }
+    Decision::Merged(doc)
+}
+
+fn bits(mask: u64) -> impl Iterator<Item = usize> {
+    (0..64usize).filter(move |i| mask & (1u64 << i) != 0)
 }

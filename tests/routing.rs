@@ -4,7 +4,9 @@
 mod common;
 
 use common::{group, res, ver};
-use kube_peer_proxy::routing::{decide, Decision, Gvr, LocalReason, MergedDoc, RequestFacts};
+use kube_peer_proxy::routing::{
+    decide, route, Decision, Gvr, Kind, LocalReason, MergedDoc, Mode, RequestFacts, Subject,
+};
 use kube_peer_proxy::snapshot::{ServerDiscovery, ServerRef, Table};
 
 const V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json";
@@ -1244,5 +1246,84 @@ fn accept_is_read_only_where_it_can_matter() {
                 assert_eq!(with(accept), with(None), "{path:?} {accept:?}");
             }
         }
+    }
+}
+
+/// The guard's part of each decision: its mode is chosen where the table is read, and its subject
+/// comes from the one parse of the path (the filter neither parses again nor infers the mode).
+#[test]
+fn the_guard_travels_with_the_decision() {
+    use Kind::{Document, Resource};
+    use LocalReason::*;
+    use Mode::{Strict, Verified};
+    let subject = |g: &str, v: &str, r: &str, sub: &str, kind| Subject {
+        gvr: gvr(g, v, r),
+        subresource: sub.into(),
+        kind,
+    };
+    let mut down = table();
+    down.unhealthy = 1 << PEER_B;
+    type GuardRow<'a> = (&'a str, Option<&'a Table>, Decision, Option<(Mode, Subject)>);
+    let (t, none) = (table(), None);
+    #[rustfmt::skip]
+    let rows: Vec<GuardRow> = vec![
+        ("/api/v1/namespaces/ns1/pods", Some(&t), guarded(ServedLocally, "", "v1", "pods"),
+            Some((Strict, subject("", "v1", "pods", "", Resource)))),
+        ("/api/v1/namespaces/ns1/configmaps/c1", Some(&t), Decision::Local(ServedLocally),
+            Some((Verified, subject("", "v1", "configmaps", "", Resource)))),
+        // Routed on the parent (nobody serves the subresource), asked about as a subresource.
+        ("/api/v1/namespaces/ns1/configmaps/c1/bogus", Some(&t), Decision::Local(ServedLocally),
+            Some((Verified, subject("", "v1", "configmaps", "bogus", Resource)))),
+        ("/api/v1/namespaces/ns1/pods/p/resize", Some(&t), peer(PEER_B, "", "v1", "pods"),
+            Some((Strict, subject("", "v1", "pods", "resize", Resource)))),
+        ("/apis/nope.io/v1/things", Some(&t), Decision::Local(NotServedAnywhere),
+            Some((Verified, subject("nope.io", "v1", "things", "", Resource)))),
+        ("/apis/apps/v1", Some(&t), guarded(ServedLocally, "apps", "v1", ""),
+            Some((Strict, subject("apps", "v1", "", "", Document)))),
+        ("/apis/only-c.example.com", Some(&t), peer(PEER_C, "only-c.example.com", "", ""),
+            Some((Strict, subject("only-c.example.com", "", "", "", Document)))),
+        ("/api/v2", Some(&t), Decision::Local(NotServedAnywhere),
+            Some((Verified, subject("", "v2", "", "", Document)))),
+        ("/api/v1/pods", none, guarded(NoSnapshot, "", "v1", "pods"),
+            Some((Strict, subject("", "v1", "pods", "", Resource)))),
+        ("/apis/lifecycle.k8s.io/v1alpha1/evictionrequests", Some(&down),
+            Decision::Unavailable { gvr: gvr("lifecycle.k8s.io", "v1alpha1", "evictionrequests") }, None),
+        ("/healthz", Some(&t), Decision::Local(NonResource), None),
+        ("/api/v1/watch", Some(&t), Decision::Local(Invalid), None),
+        ("/apis/apps", Some(&t), guarded(ServedLocally, "apps", "", ""),
+            Some((Strict, subject("apps", "", "", "", Document)))),
+    ];
+    for (path, table, want, want_guard) in rows {
+        let req = RequestFacts {
+            method: "GET",
+            path,
+            ..Default::default()
+        };
+        let got = route(&req, table, true, &mut |_| 0, &mut |_| false);
+        assert_eq!(got.decision, want, "{path}");
+        assert_eq!(got.decision, decide(&req, table, true, &mut |_| 0), "{path}");
+        let got_guard = got.guard.map(|g| (g.mode, g.subject));
+        assert_eq!(got_guard, want_guard, "{path}");
+    }
+    // Loop prevention and merged discovery: the answer stands as it is.
+    let proxied = RequestFacts {
+        method: "GET",
+        path: "/api/v1/namespaces/ns1/pods",
+        peer_proxied: Some("true"),
+        ..Default::default()
+    };
+    let merged = RequestFacts {
+        method: "GET",
+        path: "/apis",
+        accept: Some(V2),
+        ..Default::default()
+    };
+    for req in [proxied, merged] {
+        assert_eq!(
+            route(&req, Some(&t), true, &mut |_| 0, &mut |_| false).guard,
+            None,
+            "{}",
+            req.path
+        );
     }
 }

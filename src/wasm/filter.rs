@@ -1,7 +1,8 @@
 //! The HTTP filter: strips client routing headers, asks [`routing::decide`], and acts on the
 //! answer: continue to the local server, reroute to a peer, answer 503, or let the local server
 //! answer a discovery request and swap its 200 for the merged document. For guarded decisions it
-//! reads a 404's body and turns a "type not served here" 404 into a 503 (see [`crate::not_found`]).
+//! carries out the 404 guard's steps (see [`crate::guard`]): the discovery calls it asks for, and
+//! its verdict (the 404 stands, or becomes a 503).
 //! The serving table lives in a per-VM cache: a request reads only the small generation key, and
 //! the worker's timer decodes a new table before requests need it. The peers' passive-health
 //! marks are read on the timer too (a request to a peer reads no shared data).
@@ -15,12 +16,12 @@ use proxy_wasm::types::{Action, BufferType, MapType};
 
 use super::host::{self, Metrics};
 use crate::config::Config;
-use crate::guard::{self, First, Verdict};
+use crate::guard::{Call, Conversation, Step, Target, Verdict};
 use crate::health;
 use crate::identity;
 use crate::metrics;
 use crate::reply::{self, Upstream};
-use crate::routing::{self, Decision, Gvr, LocalReason, MergedDoc, RequestFacts, PEER_PROXIED_HEADER};
+use crate::routing::{self, Decision, Guard, Gvr, MergedDoc, RequestFacts, PEER_PROXIED_HEADER};
 use crate::snapshot::{self, Table};
 use crate::status;
 
@@ -57,6 +58,14 @@ impl Shared {
             cache: RefCell::new(Cache::default()),
             metrics: RefCell::new(Metrics::default()),
             rng: Cell::new(seed | 1),
+        }
+    }
+
+    /// The local server, as the table names it.
+    fn local(&self) -> Target {
+        Target {
+            cluster: self.config.local_cluster.clone(),
+            address: None,
         }
     }
 
@@ -211,47 +220,16 @@ pub struct PeerProxy {
     rerouted: Option<(Gvr, String)>,
     /// Set when the local server's discovery answer is to be replaced by a merged document.
     merged: Option<MergedReply>,
-    /// Set for requests a 404 guard applies to: where the request went (see [`guard`]).
-    guard: Option<Guard>,
+    /// Set for requests a 404 guard applies to: what it asks about, and the server that answers.
+    guard: Option<(Guard, Target)>,
     /// A 404 waiting for discovery answers.
     asking: Option<Asking>,
 }
 
-/// Where a request went, and the request itself (request headers cannot be read in the response
-/// phase). `strict`: a "not served here" 404 is a 503 without asking other members.
-struct Guard {
-    strict: bool,
-    cluster: String,
-    address: Option<String>,
-    method: String,
-    path: String,
-}
-
-/// A 404 waiting for the answering server's and the other members' discovery.
+/// A 404's conversation (see [`crate::guard`]) and the host's token of each call it made.
 struct Asking {
-    question: guard::Question,
-    /// The table says the answering server serves what the question asks about.
-    last_seen: bool,
-    strict: bool,
-    /// The answering server's token, or its verdict already known from the 404's headers.
-    answering: Result<Option<bool>, u32>,
-    others: Vec<(u32, Option<bool>)>,
-    pending: usize,
-    /// The server that answered (not asked again as one of the others).
-    answered_by: (String, Option<String>),
-    others_asked: bool,
-}
-
-impl Asking {
-    /// Verified mode asks the other members only once the answering server's own answer says
-    /// "type not served" (an object's 404, the common case, costs one question).
-    fn needs_others(&self) -> bool {
-        let answer = match self.answering {
-            Ok(a) => a.or(Some(self.last_seen).filter(|l| *l)),
-            Err(_) => return false,
-        };
-        !self.strict && !self.others_asked && answer == Some(false)
-    }
+    conversation: Conversation,
+    tokens: Vec<(u32, usize)>,
 }
 
 /// A merged discovery answer waiting for the local apiserver's verdict: the local server
@@ -314,9 +292,6 @@ impl Body {
     }
 }
 
-/// At most this many other members are asked about one 404; with more, the 404 is answered 503.
-const MAX_ASKED: usize = 16;
-
 impl PeerProxy {
     pub fn new(shared: Rc<Shared>) -> PeerProxy {
         PeerProxy {
@@ -329,114 +304,68 @@ impl PeerProxy {
     }
 
     /// Response headers of a guarded request: a 404 is judged, from its headers when they settle
-    /// it, else while the headers wait for discovery answers (see [`guard`]).
+    /// it, else while the headers wait for discovery answers (see [`crate::guard`]).
     fn guard_response_headers(&mut self, status: &str) -> Action {
-        let Some(g) = self.guard.take() else {
+        let Some((guard, target)) = self.guard.take().filter(|_| status == "404") else {
             return Action::Continue;
         };
-        let resp = MapType::HttpResponseHeaders;
-        if status != "404" {
-            return Action::Continue;
-        }
         let table = self.shared.table();
-        let Some(question) = guard::question(&g.method, &g.path, table.as_deref()) else {
-            return Action::Continue;
-        };
-        let content_type = host::header(resp, "content-type").unwrap_or_default();
-        let answering = match guard::first_look(&content_type, &question) {
-            First::TypeNotServed => Ok(Some(false)),
-            First::AskServer => match self.ask(&question, &g.cluster, g.address.as_deref()) {
-                Some(token) => Err(token),
-                None => Ok(None),
-            },
-        };
-        let last_seen = table.as_deref().is_some_and(|t| {
-            let bit = t
-                .servers
-                .iter()
-                .position(|s| s.cluster == g.cluster && s.address == g.address)
-                .map_or(0, snapshot::bit);
-            t.servers_for(&question.table_key()) & bit != 0
-        });
-        let mut asking = Asking {
-            question,
-            last_seen,
-            strict: g.strict,
-            answering,
-            others: Vec::new(),
-            pending: 0,
-            answered_by: (g.cluster.clone(), g.address.clone()),
-            others_asked: false,
-        };
-        if asking.needs_others() && !self.ask_others(&mut asking, table.as_deref()) {
-            return self.guarded_503(&asking.question.gvr);
-        }
-        asking.pending += usize::from(asking.answering.is_err());
-        if asking.pending == 0 {
-            return self.conclude(asking);
-        }
-        log::debug!(
-            "kube-peer-proxy: a 404 for {} waits for {} discovery answers",
-            g.path,
-            asking.pending
-        );
-        self.asking = Some(asking);
-        Action::Pause
-    }
-
-    /// Nobody else is known to serve it: a 404 stands only if no other member serves it now.
-    /// `false` when there are more members than may be asked about one 404.
-    fn ask_others(&self, asking: &mut Asking, table: Option<&Table>) -> bool {
-        asking.others_asked = true;
-        let (cluster, address) = &asking.answered_by;
-        let others: Vec<(String, Option<String>)> = table
-            .iter()
-            .flat_map(|t| t.servers.iter())
-            .filter(|s| !(&s.cluster == cluster && &s.address == address))
-            .map(|s| (s.cluster.clone(), s.address.clone()))
-            .collect();
-        if others.len() > MAX_ASKED {
-            return false;
-        }
-        for (cluster, address) in others {
-            if let Some(token) = self.ask(&asking.question, &cluster, address.as_deref()) {
-                asking.others.push((token, None));
-                asking.pending += 1;
+        let content_type = host::header(MapType::HttpResponseHeaders, "content-type").unwrap_or_default();
+        let (conversation, step) = Conversation::start(&guard, target, &content_type, table.as_deref());
+        let tokens = Vec::new();
+        self.asking = Some(Asking { conversation, tokens });
+        match self.carry_out(step, table.as_deref()) {
+            Some(Verdict::Stand) => Action::Continue,
+            Some(Verdict::Unavailable) => Action::Pause,
+            None => {
+                log::debug!(
+                    "kube-peer-proxy: a 404 for {:?} waits for discovery answers",
+                    guard.subject.gvr
+                );
+                Action::Pause
             }
         }
-        true
     }
 
-    /// Asks one server's discovery about `q`; `None` if the call cannot be made.
-    fn ask(&self, q: &guard::Question, cluster: &str, address: Option<&str>) -> Option<u32> {
-        let config = &self.shared.config;
-        let mut headers: Vec<(&str, &str)> = vec![
-            (":method", "GET"),
-            (":path", &q.path),
-            (":authority", &config.discovery_authority),
-            ("accept", "application/json"),
-            (PEER_PROXIED_HEADER, "true"),
-        ];
-        headers.extend(config.discovery_headers.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-        if let (Some(l), Some(a)) = (&config.lease_discovery, address) {
-            headers.push((&l.address_header, a));
+    /// Carries out the guard's steps until it waits (`None`) or has a verdict, which ends the
+    /// conversation (a 503 is sent here). A call that cannot be made is answered at once, with no
+    /// answer.
+    fn carry_out(&mut self, mut step: Step, table: Option<&Table>) -> Option<Verdict> {
+        let mut unasked = Vec::new();
+        loop {
+            match step {
+                Step::Ask(calls) => {
+                    for call in calls {
+                        match (self.ask(&call), self.asking.as_mut()) {
+                            (Some(token), Some(a)) => a.tokens.push((token, call.id)),
+                            _ => unasked.push(call.id),
+                        }
+                    }
+                }
+                Step::Wait => {}
+                Step::Verdict(verdict) => {
+                    let asking = self.asking.take();
+                    if let (Verdict::Unavailable, Some(a)) = (verdict, asking) {
+                        let _ = self.guarded_503(&a.conversation.question().gvr);
+                    }
+                    return Some(verdict);
+                }
+            }
+            let id = unasked.pop()?;
+            step = self.asking.as_mut()?.conversation.on_answer(id, 0, &[], table);
         }
-        match hostcalls::dispatch_http_call(cluster, headers, None, vec![], config.fetch_timeout) {
+    }
+
+    /// Makes one discovery call for the guard; `None` if it cannot be made.
+    fn ask(&self, call: &Call) -> Option<u32> {
+        let config = &self.shared.config;
+        let cluster = &call.target.cluster;
+        match hostcalls::dispatch_http_call(cluster, call.headers(config), None, vec![], config.fetch_timeout) {
             Ok(token) => Some(token),
             Err(e) => {
                 log::warn!("kube-peer-proxy: cannot ask {cluster} about a 404: {e:?}");
                 None
             }
-        }
-    }
-
-    /// The verdict once every answer is in: the 404 stands, or becomes a 503.
-    fn conclude(&mut self, asking: Asking) -> Action {
-        let answering = asking.answering.unwrap_or(None);
-        let others: Vec<Option<bool>> = asking.others.iter().map(|(_, v)| *v).collect();
-        match guard::verdict(answering, asking.last_seen, asking.strict, &others) {
-            Verdict::Stand => Action::Continue,
-            Verdict::Unavailable => self.guarded_503(&asking.question.gvr),
         }
     }
 
@@ -473,6 +402,16 @@ impl PeerProxy {
             headers.push(("audit-id", id));
         }
         self.reply(503, headers, Some(&body))
+    }
+
+    /// A load balancer's readiness check before the first snapshot (see [`health`]).
+    fn not_ready(&self, body: &[u8]) -> Action {
+        let headers = vec![
+            ("content-type", "text/plain; charset=utf-8"),
+            ("cache-control", "no-cache, private"),
+            (FILTER_REPLY_HEADER, "true"),
+        ];
+        self.reply(503, headers, Some(body))
     }
 
     fn reply(&self, status: u32, headers: Vec<(&str, &str)>, body: Option<&[u8]>) -> Action {
@@ -517,7 +456,16 @@ impl Context for PeerProxy {
     /// A discovery answer about a waiting 404; the response resumes (or is replaced) once the
     /// last one is in.
     fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _trailers: usize) {
-        let Some(mut asking) = self.asking.take() else { return };
+        let Some(tokens) = self.asking.as_mut().map(|a| &mut a.tokens) else {
+            return;
+        };
+        let Some(id) = tokens
+            .iter()
+            .position(|(t, _)| *t == token)
+            .map(|i| tokens.swap_remove(i).1)
+        else {
+            return;
+        };
         let status = if num_headers == 0 {
             0
         } else {
@@ -526,28 +474,10 @@ impl Context for PeerProxy {
                 .unwrap_or(0)
         };
         let body = host::buffer(BufferType::HttpCallResponseBody, body_size);
-        let answer = guard::listed(&asking.question, status, &body);
-        if asking.answering == Err(token) {
-            asking.answering = Ok(answer);
-        } else if let Some(slot) = asking.others.iter_mut().find(|(t, _)| *t == token) {
-            slot.1 = answer;
-        } else {
-            self.asking = Some(asking);
-            return;
-        }
-        asking.pending = asking.pending.saturating_sub(1);
-        if asking.needs_others() {
-            let table = self.shared.table();
-            if !self.ask_others(&mut asking, table.as_deref()) {
-                let _ = self.guarded_503(&asking.question.gvr);
-                return;
-            }
-        }
-        if asking.pending > 0 {
-            self.asking = Some(asking);
-            return;
-        }
-        if self.conclude(asking) == Action::Continue {
+        let table = self.shared.table();
+        let Some(asking) = self.asking.as_mut() else { return };
+        let step = asking.conversation.on_answer(id, status, &body, table.as_deref());
+        if self.carry_out(step, table.as_deref()) == Some(Verdict::Stand) {
             if let Err(e) = hostcalls::resume_http_response() {
                 log::error!("kube-peer-proxy: cannot resume a response: {e:?}");
             }
@@ -557,35 +487,16 @@ impl Context for PeerProxy {
 
 impl HttpContext for PeerProxy {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        if let Err(refused) = self.admit() {
+            return refused;
+        }
         let config = &self.shared.config;
         let req = MapType::HttpRequestHeaders;
-        // Only this filter may choose a cluster or an address.
-        if host::header(req, &config.route_header).is_some() {
-            host::set_header(req, &config.route_header, None);
-        }
-        if let Some(l) = &config.lease_discovery {
-            if host::header(req, &l.address_header).is_some() {
-                host::set_header(req, &l.address_header, None);
-            }
-        }
-        if let Some(names) = &config.client_identity {
-            if let Err(message) = assert_client_identity(names) {
-                log::warn!("kube-peer-proxy: refusing a request: {message}");
-                let body = status::unauthorized(&message);
-                return self.reply(
-                    401,
-                    vec![("content-type", "application/json"), (FILTER_REPLY_HEADER, "true")],
-                    Some(&body),
-                );
-            }
-        }
         let method = host::header(req, ":method").unwrap_or_default();
         let path = host::header(req, ":path").unwrap_or_default();
-        let accept = if routing::needs_accept(&path) {
-            host::header(req, "accept")
-        } else {
-            None
-        };
+        let accept = routing::needs_accept(&path)
+            .then(|| host::header(req, "accept"))
+            .flatten();
         let proxied = host::header(req, PEER_PROXIED_HEADER);
         let facts = RequestFacts {
             method: &method,
@@ -597,47 +508,20 @@ impl HttpContext for PeerProxy {
         // A load balancer's readiness check before the first snapshot: not ready (see [`health`]).
         if let Some(body) = health::not_ready(&method, &path, table.is_some()) {
             log::debug!("kube-peer-proxy: {method} {path}: not ready, no discovery snapshot yet");
-            return self.reply(
-                503,
-                vec![
-                    ("content-type", "text/plain; charset=utf-8"),
-                    ("cache-control", "no-cache, private"),
-                    (FILTER_REPLY_HEADER, "true"),
-                ],
-                Some(&body),
-            );
+            return self.not_ready(&body);
         }
-        let decision = routing::decide_with(
+        let route = routing::route(
             &facts,
             table.as_deref(),
             config.merged_discovery,
             &mut |n| self.shared.pick(n),
             &mut |i| self.shared.is_down(i),
         );
-        match decision {
-            Decision::Local(reason) => {
-                log::debug!("kube-peer-proxy: {method} {path} stays local ({reason:?})");
-                if matches!(reason, LocalReason::ServedLocally | LocalReason::NotServedAnywhere) {
-                    // Its type-404 stands only if no other member serves the resource now.
-                    self.guard = Some(Guard {
-                        strict: false,
-                        cluster: config.local_cluster.clone(),
-                        address: None,
-                        method,
-                        path,
-                    });
-                }
-                Action::Continue
-            }
-            Decision::Guarded { reason, .. } => {
-                log::debug!("kube-peer-proxy: {method} {path} stays local ({reason:?}), 404 guarded");
-                self.guard = Some(Guard {
-                    strict: true,
-                    cluster: config.local_cluster.clone(),
-                    address: None,
-                    method,
-                    path,
-                });
+        match route.decision {
+            Decision::Local(reason) | Decision::Guarded { reason, .. } => {
+                let mode = route.guard.as_ref().map(|g| g.mode);
+                log::debug!("kube-peer-proxy: {method} {path} stays local ({reason:?}), 404 guard {mode:?}");
+                self.guard = route.guard.map(|g| (g, self.shared.local()));
                 Action::Continue
             }
             Decision::Unavailable { gvr } => {
@@ -646,57 +530,19 @@ impl HttpContext for PeerProxy {
             }
             Decision::Merged(doc) => {
                 if let Some(table) = table {
-                    // The local server must answer in full (not 304 on its own ETag).
-                    let if_none_match = host::header(req, "if-none-match");
-                    if if_none_match.is_some() {
-                        host::set_header(req, "if-none-match", None);
-                    }
-                    let source = self.shared.merged(doc, &table);
-                    self.merged = Some(MergedReply {
-                        doc,
-                        table,
-                        source,
-                        if_none_match,
-                        body: None,
-                    });
+                    self.merge(doc, table);
                 }
                 Action::Continue
             }
             Decision::Peer { index, gvr } => {
-                let Some(server) = table.as_ref().and_then(|t| t.servers.get(index)) else {
-                    return Action::Continue;
-                };
-                // Never emit a cluster name our own configuration does not know (Envoy would 503).
-                if !config.clusters().any(|c| c == server.cluster) {
-                    log::error!("kube-peer-proxy: snapshot names unknown cluster {}", server.cluster);
-                    return Action::Continue;
+                if let Some(server) = table.as_ref().and_then(|t| t.servers.get(index)) {
+                    log::debug!(
+                        "kube-peer-proxy: {method} {path} -> peer {} ({})",
+                        server.name,
+                        server.cluster
+                    );
+                    self.reroute(server, gvr, route.guard);
                 }
-                log::debug!(
-                    "kube-peer-proxy: {method} {path} -> peer {} ({})",
-                    server.name,
-                    server.cluster
-                );
-                if let Some(address) = &server.address {
-                    // Lease peers share one address-picked cluster: only addresses learned from
-                    // leases are ever written here.
-                    let Some(l) = &config.lease_discovery else {
-                        return Action::Continue;
-                    };
-                    host::set_header(req, &l.address_header, Some(address));
-                }
-                host::set_header(req, &config.route_header, Some(&server.cluster));
-                // Every request-header change through the ABI clears Envoy's route cache
-                // (`source/extensions/common/wasm/context.cc`, `replaceHeaderMapValue`), so the
-                // router re-picks the route by the header just set; no extra foreign call.
-                host::set_header(req, PEER_PROXIED_HEADER, Some("true"));
-                self.rerouted = Some((gvr, server.target().to_string()));
-                self.guard = Some(Guard {
-                    strict: true,
-                    cluster: server.cluster.clone(),
-                    address: server.address.clone(),
-                    method,
-                    path,
-                });
                 Action::Continue
             }
         }
@@ -731,6 +577,77 @@ impl HttpContext for PeerProxy {
 }
 
 impl PeerProxy {
+    /// Strips the client's routing and address headers (only this filter may choose a cluster or
+    /// an address) and, with `client_identity`, asserts the client certificate's identity; `Err`:
+    /// the 401 sent instead.
+    fn admit(&self) -> Result<(), Action> {
+        let config = &self.shared.config;
+        let req = MapType::HttpRequestHeaders;
+        let address_header = config.lease_discovery.as_ref().map(|l| l.address_header.as_str());
+        for name in std::iter::once(config.route_header.as_str()).chain(address_header) {
+            if host::header(req, name).is_some() {
+                host::set_header(req, name, None);
+            }
+        }
+        let Some(names) = &config.client_identity else {
+            return Ok(());
+        };
+        let Err(message) = assert_client_identity(names) else {
+            return Ok(());
+        };
+        log::warn!("kube-peer-proxy: refusing a request: {message}");
+        let body = status::unauthorized(&message);
+        let headers = vec![("content-type", "application/json"), (FILTER_REPLY_HEADER, "true")];
+        Err(self.reply(401, headers, Some(&body)))
+    }
+
+    /// A merged discovery request: the local server answers first, and its 200 is replaced.
+    fn merge(&mut self, doc: MergedDoc, table: Rc<Table>) {
+        let req = MapType::HttpRequestHeaders;
+        // The local server must answer in full (not 304 on its own ETag).
+        let if_none_match = host::header(req, "if-none-match");
+        if if_none_match.is_some() {
+            host::set_header(req, "if-none-match", None);
+        }
+        let source = self.shared.merged(doc, &table);
+        self.merged = Some(MergedReply {
+            doc,
+            table,
+            source,
+            if_none_match,
+            body: None,
+        });
+    }
+
+    /// Sends the request to `server`, its type-404 guarded by `guard`. A server this filter cannot
+    /// address leaves the request to the local server, unguarded, as before any routing.
+    fn reroute(&mut self, server: &snapshot::ServerRef, gvr: Gvr, guard: Option<Guard>) {
+        let config = &self.shared.config;
+        let req = MapType::HttpRequestHeaders;
+        // Never emit a cluster name our own configuration does not know (Envoy would 503).
+        if !config.clusters().any(|c| c == server.cluster) {
+            log::error!("kube-peer-proxy: snapshot names unknown cluster {}", server.cluster);
+            return;
+        }
+        if let Some(address) = &server.address {
+            // Lease peers share one address-picked cluster: only addresses learned from
+            // leases are ever written here.
+            let Some(l) = &config.lease_discovery else { return };
+            host::set_header(req, &l.address_header, Some(address));
+        }
+        host::set_header(req, &config.route_header, Some(&server.cluster));
+        // Every request-header change through the ABI clears Envoy's route cache
+        // (`source/extensions/common/wasm/context.cc`, `replaceHeaderMapValue`), so the
+        // router re-picks the route by the header just set; no extra foreign call.
+        host::set_header(req, PEER_PROXIED_HEADER, Some("true"));
+        self.rerouted = Some((gvr, server.target().to_string()));
+        let target = Target {
+            cluster: server.cluster.clone(),
+            address: server.address.clone(),
+        };
+        self.guard = guard.map(|g| (g, target));
+    }
+
     fn rerouted_response_headers(&mut self, code: &str) {
         let Some((gvr, target)) = self.rerouted.take() else {
             return;
