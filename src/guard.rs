@@ -6,7 +6,8 @@
 //! * **Verified** (nobody else is known to serve it): such a 404 stands only if no other member
 //!   serves the resource *now*. Each other member's discovery of that group/version is asked while
 //!   the 404 waits; one that lists it (it came back as another version since the last round) turns
-//!   the 404 into a 503. A member that cannot be asked counts with what it was last seen to serve.
+//!   the 404 into a 503; one that does not answer does not. The answering server, when its own
+//!   discovery cannot be asked, counts with what the table last saw it serve (`last_seen`).
 //!   With more than [`MAX_ASKED`] other members the 404 is a 503 without asking.
 //!
 //! A 404 for a missing object always stands. kube-apiserver writes "not served here" two ways (see
