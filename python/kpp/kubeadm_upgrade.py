@@ -3,7 +3,7 @@
 kubeadm's upgrade commands take no --rootfs-like paths: they read /etc/kubernetes/{admin,kubelet}.conf,
 /etc/kubernetes/manifests, the PKI at the ClusterConfiguration's certificatesDir (one value for the
 whole cluster, from the kubeadm-config ConfigMap) and write /var/lib/kubelet. So every kubeadm command
-of a node runs in a private mount namespace (`NodeRoot.run`) in which
+of a node runs in a private mount namespace (`NodeRoot.kubeadm`) in which
 
     /etc              an overlay of the host's /etc (nothing is written to the host's /etc)
     /etc/kubernetes   <node>/etc-kubernetes: admin.conf, super-admin.conf, controller-manager.conf,
@@ -14,15 +14,17 @@ of a node runs in a private mount namespace (`NodeRoot.run`) in which
     /var/lib/kubelet  <node>/var-lib-kubelet
 
 and certificatesDir is /etc/kubernetes/pki, as on a real node. The new kube-apiserver is started in the
-same kind of namespace (`NodeRoot.start_apiserver`), so the manifest's /etc/kubernetes/pki paths are the
+same kind of namespace (`NodeRoot.apiserver_proc`), so the manifest's /etc/kubernetes/pki paths are the
 ones it reads, as the kubelet's hostPath mounts would give them.
 
 What a kubelet would have done (no kubelet runs here) is done by `KubeletStandIn`, and only that:
 register the Node object (kubeadm's own `init phase mark-control-plane` then labels and taints it) and
 mirror each static Pod manifest into a Pod object (`<component>-<node>`, with the manifest's
-annotations, kubeadm reads the advertise address from it). kubeadm writes only loopback addresses into
-the kubeconfigs here except the documentation-only advertise address 192.0.2.1<i> (see kpp.kubeadm_node);
-every kubeconfig put into /etc/kubernetes is checked to name no 192.0.2 address before kubeadm runs.
+annotations, kubeadm reads the advertise address from it); during an upgrade, `StaticPods` restarts
+the kube-apiserver from each new manifest. kubeadm names the documentation-only advertise address
+192.0.2.<10+i> (see kpp.kubeadm_node) in kubelet.conf, controller-manager.conf and scheduler.conf:
+/etc/kubernetes gets their node-IP copies, and every kubeconfig there is checked to name no 192.0.2
+address before kubeadm runs. kubeadm itself runs in `PrivateNet`, where that address is unreachable.
 """
 
 from __future__ import annotations
@@ -90,7 +92,10 @@ class PrivateNet:
         self.holder = subprocess.Popen(["unshare", "--net", "sh", "-c", "ip link set lo up && exec sleep 100000"],
                                        start_new_session=True, preexec_fn=_die_with_parent)
         deadline = time.monotonic() + 10
-        while "UP" not in self.run(["ip", "-o", "link", "show", "lo"]).stdout:
+        host_ns = os.readlink("/proc/self/ns/net")
+        # until unshare(2) has run, /proc/<pid>/ns/net is still the host's namespace
+        while os.readlink(f"/proc/{self.holder.pid}/ns/net") == host_ns or \
+                "UP" not in self.run(["ip", "-o", "link", "show", "lo"]).stdout:
             if time.monotonic() > deadline:
                 raise RuntimeError("the private network namespace's lo did not come up")
             time.sleep(0.05)
@@ -100,10 +105,12 @@ class PrivateNet:
                 got: list = []
 
                 def listen():  # a thread of its own: setns changes only the calling thread's namespace
-                    if _libc.setns(ns, _CLONE_NEWNET) != 0:
-                        got.append(OSError(ctypes.get_errno(), "setns"))
-                        return
-                    got.append(socket.create_server((host, port)))
+                    try:
+                        if _libc.setns(ns, _CLONE_NEWNET) != 0:
+                            raise OSError(ctypes.get_errno(), "setns")
+                        got.append(socket.create_server((host, port)))
+                    except Exception as e:  # noqa: BLE001 - re-raised in start()
+                        got.append(e)
                 t = threading.Thread(target=listen)
                 t.start()
                 t.join()
@@ -289,6 +296,7 @@ def apiserver_summary(manifest_text: str) -> dict:
             "advertise-address": flags.get("--advertise-address"), "secure-port": flags.get("--secure-port"),
             "probes": {p: (c[p]["httpGet"].get("host"), c[p]["httpGet"]["port"]) for p in
                        ("livenessProbe", "readinessProbe", "startupProbe") if p in c},
+            "ports": [(p.get("containerPort"), p.get("hostPort"), p.get("name")) for p in c.get("ports", [])],
             "annotation-endpoint": pod["metadata"].get("annotations", {}).get(
                 "kubeadm.kubernetes.io/kube-apiserver.advertise-address.endpoint")}
 
@@ -428,10 +436,10 @@ def kubeadm_init_rest(kc: KubeadmCluster, roots: dict[str, NodeRoot], version: s
     """What `kubeadm init` / `join --control-plane` of `version` does beyond KubeadmNode.prepare, with
     its own phases where they run without a kubelet: kubelet.conf, the controller-manager and scheduler
     manifests, kubelet-start's files, upload-config (kubeadm-config with deploy/kubeadm's bind-address
-    extraArgs, kubelet-config), the addons; mark-control-plane's label and taint with kubectl (see
-    mark_control_plane). The kubelet's part (Node, mirror Pods) is KubeletStandIn's.
-    The init phases get --kubeconfig (admin.conf under another name): with the default path they would
-    bootstrap admin.conf through the advertise address. Returns the kubeadm commands run."""
+    extraArgs, kubelet-config), the addons, mark-control-plane (v1.35.4's; v1.36.3's has no
+    --kubeconfig and bootstraps admin.conf through the advertise address, unreachable in PrivateNet). The kubelet's part (Node, mirror Pods) is KubeletStandIn's.
+    The init phases that have --kubeconfig get one (admin.conf under another name): with the default
+    path kubeadm v1.36.3 bootstraps admin.conf through the advertise address. Returns the kubeadm commands run."""
     standin = KubeletStandIn(kc)
     ran = []
 
@@ -457,23 +465,12 @@ def kubeadm_init_rest(kc: KubeadmCluster, roots: dict[str, NodeRoot], version: s
         shutil.copy(root.etc / "admin.conf", root.etc / "kpp-init-admin.conf")
         standin.register_node(n, version)
         standin.mirror_all(n, root, phase="Running")
-        mark_control_plane(kc, n)
+        run(root, "init", "phase", "mark-control-plane", cfg_flag)
         if i == 0:
             run(root, "init", "phase", "upload-config", "kubeadm", cfg_flag, kc_flag)
             run(root, "init", "phase", "upload-config", "kubelet", cfg_flag, kc_flag)
             run(root, "init", "phase", "addon", "all", cfg_flag, kc_flag)
     return ran
-
-
-def mark_control_plane(kc: KubeadmCluster, n: KubeadmNode):
-    """What `kubeadm init phase mark-control-plane` does (the label, kubeadm's extra label and the
-    NoSchedule taint), with kubectl: that phase has no --kubeconfig and so bootstraps admin.conf through
-    the advertise address; in PrivateNet it fails with "dial tcp 192.0.2.11:6443: connect: network is
-    unreachable"."""
-    kcfg = kc.direct_kubeconfig(kc.first)
-    kc.kubectl_run(kcfg, "label", "node", n.name, "--overwrite", "node-role.kubernetes.io/control-plane=",
-                   "node.kubernetes.io/exclude-from-external-load-balancers=")
-    kc.kubectl_run(kcfg, "taint", "node", n.name, "--overwrite", "node-role.kubernetes.io/control-plane:NoSchedule")
 
 
 def private_net(kc: KubeadmCluster) -> PrivateNet:

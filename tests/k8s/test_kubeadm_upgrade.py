@@ -30,8 +30,8 @@ What no kubelet and no container runtime here means, step by step (exact kubeadm
   restarts the kube-apiserver from the manifest kubeadm wrote (the manifest's binary version and flags,
   with the harness's loopback overrides) and updates the mirror Pod; kube-controller-manager and
   kube-scheduler do not run on these nodes (only their mirror Pods are updated).
-* `init phase mark-control-plane` (setup) has no --kubeconfig and dials the advertise address; its
-  label and taint are set with kubectl.
+* kubeadm v1.36.3's `init phase mark-control-plane` has no --kubeconfig and dials the advertise
+  address (test_guard_kubeadm_cannot_leave_the_machine); the setup uses v1.35.4's, which does not.
 
 The claims:
 1. with upgrade-config.yaml (or --patches), the manifests kubeadm v1.36.3 writes keep the kube-apiserver
@@ -42,17 +42,23 @@ The claims:
    --bind-address (it warns `Ignored configuration document with GroupVersionKind
    kubeadm.k8s.io/v1beta4, Kind=ClusterConfiguration`), and that kube-apiserver dies on
    `listen tcp 0.0.0.0:6443: bind: address already in use` (Envoy holds <node-ip>:6443);
-3. the real `kubeadm upgrade apply v1.36.3` on cp-1, then `kubeadm upgrade node` on cp-2, renew the
-   serving and front-proxy-client certificates in place, rewrite the ConfigMap to v1.36.3 keeping the
-   bind address, and the new kube-apiservers v1.36.3 serve through Envoy (local and rerouted, with a
-   client certificate whose identity the proxy asserts).
+3. the real `kubeadm upgrade apply v1.36.3` on cp-1, then `kubeadm upgrade node` on cp-2 (before
+   `apply`, `upgrade node` still renders v1.35.4: hence the order), renew the serving,
+   apiserver-kubelet-client and front-proxy-client certificates in place (not the CAs) and the
+   kubeconfigs' certificates, rewrite the ConfigMap to v1.36.3 keeping the bind address, leave the
+   addons to the last node; the same Envoy process presents the renewed serving certificate and holds
+   the renewed front-proxy client certificate within 10 s of the renewal (EnvoyWatch measures it), and
+   the new kube-apiservers v1.36.3 serve through Envoy with admin.conf's renewed certificate, whose
+   identity the proxy asserts.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import ssl
 import socket
+import threading
 import time
 import urllib.request
 import uuid
@@ -61,7 +67,7 @@ import pytest
 import yaml
 
 from kpp import kubeadm_upgrade as ku
-from kpp.cluster import DEFAULT_VERSION, SKEW_OLD_VERSION, wait_for
+from kpp.cluster import DEFAULT_VERSION, SKEW_OLD_VERSION
 from kpp.kubeadm_node import APISERVER_PORT, SNI, KubeadmCluster, kubeconfig_credentials, openssl
 
 OLD, NEW = SKEW_OLD_VERSION, DEFAULT_VERSION
@@ -73,6 +79,7 @@ NO_KUBELET_REAL = "--ignore-preflight-errors=SystemVerification,ContainerRuntime
 MANIFEST = "/etc/kubernetes/manifests/kube-apiserver.yaml"
 
 RUNS: list[tuple[str, str, int, float]] = []  # (node, command, rc, seconds): the closing note
+REQUESTS: list[str] = []  # the scheme://host:port of every API request the upgrade commands made
 # node IPs 127.0.0.51/52, apiservers 127.0.1.51/52 (kubeadm: 192.0.2.51/52): apart from the other
 # kubeadm clusters' addresses, so this module can run next to them
 FIRST_INDEX = 41
@@ -85,17 +92,22 @@ class Env:
         self.dry: dict[str, dict[str, str]] = {}
 
     def kubeadm(self, node: str, *args: str, check: bool = True, timeout: float = 240):
+        """kubeadm v1.36.3 on the node, with --v=6 on top of args: client-go then logs every request's
+        URL, and every one must be a loopback address."""
         t0 = time.monotonic()
-        r = self.roots[node].kubeadm(NEW, *args, check=False, timeout=timeout)
+        r = self.roots[node].kubeadm(NEW, *args, "--v=6", check=False, timeout=timeout)
         dt = time.monotonic() - t0
+        urls = re.findall(r'url="(https?://[^/"]+)', r.stderr)
+        REQUESTS.extend(urls)
         RUNS.append((node, "kubeadm " + " ".join(args), r.returncode, round(dt, 1)))
-        print(f"\n[{node}] kubeadm {' '.join(args)}  -> rc {r.returncode} in {dt:.1f}s")
+        print(f"\n[{node}] kubeadm {' '.join(args)}  -> rc {r.returncode} in {dt:.1f}s, {len(urls)} API requests "
+              f"to {sorted(set(urls))}")
         for line in r.stderr.splitlines():
-            if "WARNING" in line or "ERROR" in line or "error" in line:
+            if ("WARNING" in line or "ERROR" in line or line.startswith("error")) and "round_trippers" not in line:
                 print(f"    stderr: {line.strip()[:400]}")
-        no_dial = [l for l in (r.stdout + r.stderr).splitlines() if "network is unreachable" in l or "192.0.2." in l
-                   and "dial" in l]
-        assert not no_dial, f"kubeadm tried to reach a non-loopback address: {no_dial[:3]}"
+        outside = [u for u in urls if not re.match(r"https?://127\.", u)]
+        unreachable = [l for l in (r.stdout + r.stderr).splitlines() if "network is unreachable" in l]
+        assert not outside and not unreachable, f"kubeadm tried a non-loopback address: {outside[:3]} {unreachable[:3]}"
         if check:
             assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
         return r
@@ -147,6 +159,7 @@ def check_layout(files: dict[str, str], node, version: str = NEW) -> dict:
     assert api["advertise-address"] == node.doc_ip, api  # the node's address (here the documentation one)
     assert set(api["probes"]) == {"livenessProbe", "readinessProbe", "startupProbe"}, api
     assert probe_hosts(api) == {"127.0.0.1"}, api
+    assert api["ports"] == [(6443, None, "probe-port")], api  # declared for the probes, as in v1.35.4's
     listens = {}
     for path, text in files.items():
         if path.startswith("/etc/kubernetes/manifests/"):
@@ -172,7 +185,7 @@ def test_starting_point_is_a_kubeadm_v1_35_cluster_behind_envoy(env):
         api = ku.apiserver_summary(n.manifest.read_text())
         print(f"{n.name}: through Envoy {n.node_ip}:6443 /version {v}; kubeadm {OLD} manifest {api}")
         assert v == OLD and api["image"].endswith(f":{OLD}") and api["bind-address"] == "127.0.0.1"
-        assert probe_hosts(api) == {"127.0.0.1"}
+        assert probe_hosts(api) == {"127.0.0.1"} and api["ports"] == [(6443, None, "probe-port")], api
     # the guard: inside kubeadm's network namespace only lo exists
     routes = env.net.run(["ip", "-o", "route", "show", "table", "all"]).stdout
     links = env.net.run(["ip", "-o", "link", "show"]).stdout
@@ -204,6 +217,10 @@ def test_upgrade_apply_dry_run_keeps_the_layout(env, how):
     files = ku.dryrun_files(r.stdout)
     env.dry[f"apply-{how}"] = files
     check_layout(files, env.cp1)
+    if how == "patches":  # the same manifests as with --config
+        for path, text in env.dry["apply-config"].items():
+            if path.startswith("/etc/kubernetes/manifests/"):
+                assert files[path] == text, path
     # and nothing was written: the manifest on disk is still v1.35.4's
     assert ku.apiserver_summary(env.cp1.manifest.read_text())["image"].endswith(f":{OLD}")
 
@@ -225,6 +242,47 @@ def test_control_without_the_patches_the_probes_go_to_envoy(env):
     assert 'to target "kube-apiserver"' not in r.stdout
     assert probe_hosts(api) == {env.cp1.doc_ip}, api  # <advertise-address>:6443 is Envoy's
     assert api["bind-address"] == "127.0.0.1", "the bind address comes from the ConfigMap, not from the patches"
+
+
+def test_control_top_level_patches_in_upgrade_configuration_are_dropped(env):
+    """Why upgrade-config.yaml puts the patches under apply: and node: -- the way Init/JoinConfiguration
+    carry them (top level) is dropped by an UpgradeConfiguration with only a warning."""
+    root = env.roots["cp-1"]
+    f = root.etc / "kube-peer-proxy" / "upgrade-config-top-level.yaml"
+    f.write_text(yaml.safe_dump({"apiVersion": "kubeadm.k8s.io/v1beta4", "kind": "UpgradeConfiguration",
+                                 "patches": {"directory": f"{ku.KPP_DIR}/patches"}}))
+    r = env.kubeadm("cp-1", "upgrade", "apply", NEW, "--dry-run", f"--config={ku.KPP_DIR}/{f.name}", NO_KUBELET)
+    warn = [l.strip() for l in r.stderr.splitlines() if "unknown field" in l]
+    api = ku.apiserver_summary(ku.dryrun_files(r.stdout)[MANIFEST])
+    print(f"  top-level patches: {warn}; probes {api['probes']}")
+    assert any('unknown field "patches"' in w for w in warn), r.stderr
+    assert probe_hosts(api) == {env.cp1.doc_ip}, api
+
+
+def test_guard_kubeadm_cannot_leave_the_machine(env):
+    """The network namespace is a guard, not decoration: kubeadm v1.36.3's `init phase
+    mark-control-plane` (no --kubeconfig) bootstraps admin.conf through the advertise address (v1.35.4's,
+    used in the setup, talks to admin.conf's server). In kubeadm's namespace a connection to that
+    address fails at once (ENETUNREACH) instead of leaving the machine."""
+    root, doc = env.roots["cp-1"], env.cp1.doc_ip
+    probe = env.net.run(["python3", "-c", f"import socket; socket.create_connection(('{doc}', 6443), 3)"])
+    print(f"  connect({doc}:6443) in kubeadm's namespace: {probe.stderr.strip().splitlines()[-1]}")
+    assert probe.returncode != 0 and "Network is unreachable" in probe.stderr, probe.stderr
+    docs = list(yaml.safe_load_all((root.etc / "kpp-init-config.yaml").read_text()))
+    for d in docs:
+        if d["kind"] == "InitConfiguration":
+            d["timeouts"] = {"kubernetesAPICall": "5s"}  # kubeadm retries for 1 min by default
+    (root.etc / "kpp-guard-config.yaml").write_text(yaml.safe_dump_all(docs))
+    t0 = time.monotonic()
+    r = root.kubeadm(NEW, "init", "phase", "mark-control-plane", "--config=/etc/kubernetes/kpp-guard-config.yaml",
+                     "--v=6", check=False, timeout=150)
+    dt = time.monotonic() - t0
+    out = r.stdout + r.stderr
+    tried = [l.strip() for l in out.splitlines() if f"https://{doc}:6443" in l]
+    final = [l.strip() for l in out.splitlines() if l.startswith("error:")]
+    print(f"  kubeadm {NEW} init phase mark-control-plane: rc {r.returncode} after {dt:.1f}s, "
+          f"{len(tried)} log lines naming https://{doc}:6443, e.g. {tried[:1]}; {final}")
+    assert r.returncode != 0 and tried, out[-3000:]
 
 
 def test_control_bind_address_only_in_a_local_file_collides_with_envoy(env, tmp_path):
@@ -292,6 +350,23 @@ def presented_serial(host: str, port: int, ca) -> str:
     return r.stdout.strip().split("=", 1)[1]
 
 
+def embedded_serial(kubeconfig) -> str:
+    """Serial of the client certificate embedded in a kubeconfig kubeadm wrote."""
+    import base64
+    user = yaml.safe_load(kubeconfig.read_text())["users"][0]["user"]
+    pem = base64.b64decode(user["client-certificate-data"]).decode()
+    import subprocess
+    r = subprocess.run(["openssl", "x509", "-noout", "-serial"], input=pem, capture_output=True, text=True, check=True)
+    return r.stdout.strip().split("=", 1)[1]
+
+
+def addon_images(env) -> dict[str, str]:
+    kcfg = env.kc.direct_kubeconfig(env.cp1)
+    return {what: env.kc.kubectl_run(kcfg, "-n", "kube-system", "get", what, "-o",
+                                     "jsonpath={.spec.template.spec.containers[0].image}").stdout
+            for what in ("deployment/coredns", "daemonset/kube-proxy")}
+
+
 def norm(serial_hex: str) -> str:
     return serial_hex.lower().lstrip("0")
 
@@ -302,6 +377,49 @@ def envoy_serials(n) -> set[str]:
             f"http://127.0.0.1:{n.admin_port}/certs", timeout=5) as r:
         doc = json.loads(r.read())
     return {norm(c["serial_number"]) for cert in doc.get("certificates", []) for c in cert.get("cert_chain", [])}
+
+
+class EnvoyWatch:
+    """While kubeadm runs: the first moment this node's Envoy presents a serving certificate, and lists a
+    front-proxy client certificate in admin /certs, that is the one on disk and not the one before."""
+    INTERVAL = 0.2
+
+    def __init__(self, n, before: dict):
+        self.n, self.before = n, before
+        self.seen: dict[str, float] = {}
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def stop(self):
+        deadline = time.monotonic() + 15  # the bound is 10 s after the renewal
+        while len(self.seen) < 2 and time.monotonic() < deadline:
+            time.sleep(self.INTERVAL)
+        self._stop.set()
+        self.thread.join(10)
+
+    def _loop(self):
+        n = self.n
+        while not self._stop.wait(self.INTERVAL):
+            try:
+                for what, f in (("serving", "apiserver.crt"), ("front-proxy-client", "front-proxy-client.crt")):
+                    if what in self.seen:
+                        continue
+                    disk = serial(n.pki / f)
+                    if disk == self.before[f]:
+                        continue
+                    if what == "serving":
+                        ok = presented_serial(n.node_ip, APISERVER_PORT, n.pki / "ca.crt") == disk
+                    else:
+                        ok = norm(disk) in envoy_serials(n)
+                    if ok:
+                        self.seen[what] = time.time()
+            except Exception as e:  # noqa: BLE001 - mid-write files, a restarting apiserver: try again
+                self.errors.append(f"{type(e).__name__}: {e}")
 
 
 PKI_FILES = ("apiserver.crt", "apiserver-kubelet-client.crt", "front-proxy-client.crt", "ca.crt", "front-proxy-ca.crt")
@@ -315,7 +433,10 @@ def test_real_upgrade(env, node):
     envoy_pid = {node: n.envoy.process.pid}
     before = {f: serial(n.pki / f) for f in PKI_FILES}
     kubelet_conf_before = yaml.safe_load((root.etc / "kubelet.conf").read_text())["clusters"][0]["cluster"]["server"]
+    kubeconfig_certs = ("admin", "super-admin", "controller-manager", "scheduler")
+    kc_before = {w: embedded_serial(root.etc / f"{w}.conf") for w in kubeconfig_certs}
     pods = ku.StaticPods(env.kc, root)
+    watch = EnvoyWatch(n, before).start()
     if node == "cp-1":
         r = pods.serve_while(lambda: env.kubeadm(node, "upgrade", "apply", NEW, CONFIG, NO_KUBELET_REAL, "--yes",
                                                  timeout=400))
@@ -330,7 +451,8 @@ def test_real_upgrade(env, node):
             "successfully upgraded" in r.stdout, r.stdout[-3000:]
     print("\n".join(l for l in r.stdout.splitlines() if l.startswith(("[upgrade/staticpods]", "[upgrade/control-plane]",
                                                                         "[upgrade/kubeconfig]", "[upgrade]",
-                                                                        "[upgrade/successful]", "[upload-config]"))))
+                                                                        "[upgrade/successful]", "[upload-config]",
+                                                                        "[upgrade/addon]"))))
     print(f"  kubelet stand-in restarted: {pods.events}")
     assert [c for _, c, _ in pods.events] == list(ku.COMPONENTS), pods.events
     api = check_layout({MANIFEST: n.manifest.read_text(),
@@ -346,13 +468,13 @@ def test_real_upgrade(env, node):
     assert presented_serial(n.apiserver_ip, APISERVER_PORT, n.pki / "ca.crt") == after["apiserver.crt"]
     # and so does the same Envoy process (file-based SDS + the pki-reload mirror, docs/deploy.md
     # "Certificate renewal"), whose clusters now hold the renewed front-proxy client certificate
-    renewed_at = (n.pki / "apiserver.crt").stat().st_mtime
-    got = wait_for(lambda: (presented_serial(n.node_ip, APISERVER_PORT, n.pki / "ca.crt") == after["apiserver.crt"]
-                            and norm(after["front-proxy-client.crt"]) in envoy_serials(n)) and time.time(), 15,
-                   f"{n.name}'s Envoy with the renewed certificates")
-    print(f"  {n.name}'s Envoy (pid {envoy_pid[node]}, not restarted) presents the renewed serving certificate and "
-          f"holds the renewed front-proxy client certificate at most {got - renewed_at:.1f}s after kubeadm renewed "
-          f"them (the check starts once kubeadm has returned)")
+    watch.stop()
+    lag = {what: round(watch.seen[what] - (n.pki / f).stat().st_mtime, 1) if what in watch.seen else None
+           for what, f in (("serving", "apiserver.crt"), ("front-proxy-client", "front-proxy-client.crt"))}
+    print(f"  {n.name}'s Envoy (pid {envoy_pid[node]}, not restarted): renewed serving certificate presented on "
+          f"{n.node_ip}:6443 and renewed front-proxy client certificate in /certs, seconds after kubeadm wrote "
+          f"them: {lag} (polled every {EnvoyWatch.INTERVAL}s while kubeadm ran)")
+    assert all(v is not None and v <= 10 for v in lag.values()), (lag, watch.errors[-3:])
     assert n.envoy.process.pid == envoy_pid[node] and n.envoy.process.poll() is None
     # kubeadm's rewrites of kubeconfigs: only kubelet.conf's server may change (to the advertise address,
     # on a real node <node-ip>:6443, Envoy's)
@@ -360,6 +482,11 @@ def test_real_upgrade(env, node):
     kubelet_conf_after = yaml.safe_load((root.etc / "kubelet.conf").read_text())["clusters"][0]["cluster"]["server"]
     print(f"  kubelet.conf server {kubelet_conf_before} -> {kubelet_conf_after}; naming the advertise address: {doc}")
     assert set(doc) <= {"kubelet.conf"}, doc
+    if node == "cp-1":  # its kubelet.conf named controlPlaneEndpoint, which is this node's own address
+        assert (kubelet_conf_before, kubelet_conf_after) == (f"https://{n.node_ip}:6443", f"https://{n.doc_ip}:6443")
+    kc_after = {w: embedded_serial(root.etc / f"{w}.conf") for w in kubeconfig_certs}
+    print(f"  kubeconfigs whose certificate kubeadm renewed: {sorted(w for w in kc_before if kc_before[w] != kc_after[w])}")
+    assert all(kc_before[w] != kc_after[w] for w in kubeconfig_certs), (kc_before, kc_after)
     root.loopback_kubeconfigs()
     assert n.via("/version").json()["gitVersion"] == NEW
     if node == "cp-1":
@@ -368,6 +495,15 @@ def test_real_upgrade(env, node):
               f"extraArgs={cc['apiServer']['extraArgs']}")
         assert cc["kubernetesVersion"] == NEW
         assert {"name": "bind-address", "value": "127.0.0.1"} in cc["apiServer"]["extraArgs"]
+    addons = [l for l in r.stdout.splitlines() if l.startswith("[upgrade/addon]")]
+    images = addon_images(env)
+    print(f"  addons: {addons}; images {images}")
+    if node == "cp-1":  # kubeadm leaves the addons to the last control-plane node
+        assert any("Skipping upgrade of addons because control plane instances [cp-2] have not been upgraded" in l
+                   for l in addons), addons
+        assert images["daemonset/kube-proxy"].endswith(f":{OLD}"), images
+    else:
+        assert images["daemonset/kube-proxy"].endswith(f":{NEW}"), images
 
 
 def test_after_the_upgrade_both_nodes_serve_v1_36_through_envoy(env):
@@ -391,3 +527,5 @@ def test_zz_closing_note(env):
         print(f"  setup ({OLD}): {line}")
     for node, cmd, rc, dt in RUNS:
         print(f"  [{node}] {cmd}  -> rc {rc}, {dt}s")
+    print(f"{len(REQUESTS)} API requests by the upgrade commands, to {sorted(set(REQUESTS))}")
+    assert REQUESTS and all(re.match(r"https://127\.0\.0\.5[12]:6443$", u) for u in REQUESTS), set(REQUESTS)
