@@ -4,6 +4,7 @@ never picks up tests/e2e/conftest.py when both directories run in one session.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import ssl
 import sys
@@ -136,3 +137,23 @@ def stop_env(env: Env):
     env.cp.stop()
 
 
+
+
+@contextlib.contextmanager
+def serving(request, cluster, start):
+    """Runs `start()` (the cluster's processes); on failure prints the cluster's logs, stops it and
+    re-raises. Then yields the cluster with `request.session.kpp_env` pointing at it (conftest appends
+    its logs to a failing test's report), and always stops it afterwards."""
+    try:
+        start()
+    except BaseException:
+        print(cluster.dump())
+        cluster.stop()
+        raise
+    previous = getattr(request.session, "kpp_env", None)
+    request.session.kpp_env = cluster
+    try:
+        yield cluster
+    finally:
+        request.session.kpp_env = previous
+        cluster.stop()

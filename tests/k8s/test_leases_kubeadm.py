@@ -25,6 +25,7 @@ import pytest
 
 from kpp import harness
 from kpp.kubeadm_node import APISERVER_PORT, PEER_PORT, KubeadmCluster, kubeconfig_credentials
+from k8senv import serving
 
 SELECTOR = "?labelSelector=apiserver.kubernetes.io%2Fidentity%3Dkube-apiserver"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases"
@@ -130,10 +131,6 @@ def start(kc: KubeadmCluster, names, **envoy_kw):
     print(f"cluster {list(names)} ready in {time.monotonic() - t0:.1f}s")
 
 
-def dump(kc):
-    return kc.dump() if kc else ""
-
-
 class TestV136:
     """cp-1 lacks batch/v1 and autoscaling/v2, cp-2 lacks autoscaling/v2, cp-3 (joins later) has both."""
 
@@ -142,7 +139,7 @@ class TestV136:
         kc = KubeadmCluster(tmp_path_factory.mktemp("leases-kubeadm"),
                             [("cp-1", "batch/v1=false,autoscaling/v2=false"), ("cp-2", "autoscaling/v2=false"),
                              ("cp-3", "")], first_index=51)
-        try:
+        def up():
             start(kc, ["cp-1", "cp-2"])
             cp1, cp2 = kc.node("cp-1"), kc.node("cp-2")
             cp2.start_envoy([], kc.wasm, **lease_mode(cp2))
@@ -151,15 +148,8 @@ class TestV136:
             for n in (cp1, cp2):
                 n.envoy.wait_until_ready(60)
                 n.envoy.wait_snapshot(60)
-        except BaseException:
-            print(dump(kc))
-            kc.stop()
-            raise
-        previous = getattr(request.session, "kpp_env", None)
-        request.session.kpp_env = kc
-        yield kc
-        request.session.kpp_env = previous
-        kc.stop()
+        with serving(request, kc, up):
+            yield kc
 
     def test_kubeadms_flags_and_what_the_leases_say(self, kc):
         cp1, cp2 = kc.node("cp-1"), kc.node("cp-2")
@@ -259,7 +249,7 @@ class TestMixed:
         kc = KubeadmCluster(tmp_path_factory.mktemp("leases-kubeadm-mixed"),
                             [("m-1", "batch/v1=false"), ("m-2", "autoscaling/v2=false")], first_index=55)
         kc.node("m-1").version = "v1.35.4"
-        try:
+        def up():
             start(kc, ["m-1", "m-2"])
             m1, m2 = kc.node("m-1"), kc.node("m-2")
             m1.start_envoy([], kc.wasm, **lease_mode(m1))
@@ -268,15 +258,8 @@ class TestMixed:
             for n in (m1, m2):
                 n.envoy.wait_until_ready(60)
                 n.envoy.wait_snapshot(60)
-        except BaseException:
-            print(dump(kc))
-            kc.stop()
-            raise
-        previous = getattr(request.session, "kpp_env", None)
-        request.session.kpp_env = kc
-        yield kc
-        request.session.kpp_env = previous
-        kc.stop()
+        with serving(request, kc, up):
+            yield kc
 
     def test_what_each_version_writes(self, kc):
         m1, m2 = kc.node("m-1"), kc.node("m-2")

@@ -27,6 +27,7 @@ from kpp.kubeadm_node import APISERVER_PORT, PEER_PORT, TOKEN_GROUP, TOKEN_USER,
     kubeconfig_credentials, openssl, tls_context
 from kpp.render import DISCOVERY_USER
 from kpp.tlsload import TlsLoad
+from k8senv import serving
 
 LOCAL = "/api/v1/namespaces/default/configmaps"
 REROUTED = "/apis/batch/v1/namespaces/default/jobs"
@@ -59,16 +60,8 @@ def job(n):
 def kc(request, tmp_path_factory):
     # nodes 5 and 6 (127.0.0.15, .16): clear of the other kubeadm tests' addresses
     kc = KubeadmCluster(tmp_path_factory.mktemp("renewal"), [("cp-1", "batch/v1=false"), ("cp-2", "")], first_index=5)
-    try:
-        kc.start()
-    except BaseException:
-        print(kc.dump())
-        kc.stop()
-        raise
-    request.session.kpp_env = kc
-    yield kc
-    request.session.kpp_env = None
-    kc.stop()
+    with serving(request, kc, kc.start):
+        yield kc
 
 
 def test_kubeadm_certs_renew_reaches_envoy_and_every_identity_survives(kc, tmp_path):
@@ -102,8 +95,8 @@ def test_kubeadm_certs_renew_reaches_envoy_and_every_identity_survives(kc, tmp_p
             harness.wait_until(lambda: presented_serial(cp1.node_ip, port, ca) == new["cp-1"][0], RELOAD_BOUND,
                                interval=0.1, message=f"cp-1's {what} still presents the old certificate")
             took[what] = time.monotonic() - t0
-        print(f"kubeadm certs renew all on both nodes, then the renewed serving certificate on cp-1's "
-              f"listeners after: " + ", ".join(f"{k} {v:.2f} s" for k, v in took.items()))
+        print("kubeadm certs renew all on both nodes, then the renewed serving certificate on cp-1's "
+              "listeners after: " + ", ".join(f"{k} {v:.2f} s" for k, v in took.items()))
         t_last = time.monotonic()
         time.sleep(3)
     finally:
