@@ -19,7 +19,8 @@ client and upstream verification (and a CA outside it is refused); under load (k
 new-connection clients, local and rerouted, and watches) no request fails and the watches opened
 before the changes keep streaming; a half-written certificate and a key that does not match keep the
 last good pair, counted in `sds.serving.key_rotation_failed` and named by pki-reload's log.
-(tests/k8s/test_pki_renewal.py does the same with the real kubeadm and kube-apiserver.)
+(tests/k8s/test_pki_renewal.py does the same with the real kubeadm and kube-apiserver.) The same
+TLS node setup also shows that a single control-plane node needs no peers.
 """
 
 from __future__ import annotations
@@ -343,3 +344,24 @@ def test_renewed_files_are_picked_up_under_load_and_bad_files_keep_the_last_good
 def write_in_place_bytes(dst: Path, data: bytes):
     with open(dst, "wb") as f:
         f.write(data)
+
+
+def test_a_single_control_plane_node_needs_no_peers(tmp_path, envoys):
+    """`kpp.render --kubeadm` with neither --peer nor --lease-local-hostname (one control-plane node):
+    the bootstrap loads, local requests are served, and once the only member's API set is known a
+    resource nobody serves gets the apiserver's genuine 404 (not the guard's 503)."""
+    pki = Pki(tmp_path / "pki")
+    fakes = Cluster()
+    try:
+        fa = fakes.start("a", apiset="old", tls=fake_tls(pki))
+        a = Node("a", "127.0.0.23", pki, fa, envoys, tmp_path, harness.free_port(), harness.free_port())
+        a.start([])
+        a.envoy.wait_snapshot(30)
+        alice = pki.mint("alice", pki.ca)
+        assert a.get(COMMON, alice)[0] == 200
+        status, headers, body = a.get(NEW_ONLY, alice)
+        assert status == 404 and headers.get("x-fake-apiserver") == "a", (status, body[:200])
+        assert "x-kube-peer-proxy-reply" not in headers, headers
+        a.stop()
+    finally:
+        fakes.stop_all()
