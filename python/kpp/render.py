@@ -15,6 +15,7 @@ with PYTHONPATH=python.
 """
 import argparse
 import json
+import pathlib
 import sys
 
 ROUTE_HEADER = "x-kube-peer-proxy-cluster"
@@ -287,7 +288,7 @@ def kubeadm_sds_files(pki, reload_dir=RELOAD_DIR):
 
 
 def write_kubeadm_sds(sds_dir, pki, reload_dir=RELOAD_DIR):
-    import pathlib
+    """Writes kubeadm_sds_files into sds_dir (created if needed); returns it as a Path."""
     d = pathlib.Path(sds_dir)
     d.mkdir(parents=True, exist_ok=True)
     for name, text in kubeadm_sds_files(pki, reload_dir).items():
@@ -483,7 +484,6 @@ def _hostport(s):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--demo"]:
-        import pathlib
         out = pathlib.Path(argv[1] if len(argv) > 1 else "envoy/demo")
         out.mkdir(parents=True, exist_ok=True)
         for name, text in demo_bootstraps().items():
