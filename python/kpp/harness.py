@@ -293,6 +293,18 @@ class Envoy:
                    message=f"envoy {self.name}: no discovery snapshot within {timeout}s")
         return self.snapshot_generation()
 
+    def wait_fresh(self, servers, timeout: float = 30.0) -> None:
+        """Bounded wait until every named member is fresh in the published snapshot. A first snapshot
+        can predate a peer's own start (that peer is then unhealthy for one round), so tests that
+        start nodes one after another wait for this, not for generation 1."""
+        def fresh() -> bool:
+            try:
+                stats = self.stats("kube_peer_proxy_server_fresh")
+            except (OSError, RuntimeError):
+                return False
+            return all(stats.get(f"wasmcustom.kube_peer_proxy_server_fresh;server={s}") == 1 for s in servers)
+        wait_until(fresh, timeout, message=f"envoy {self.name}: members {list(servers)} not all fresh within {timeout}s")
+
     def prometheus(self) -> str:
         status, body = _http_get(self.admin_url + "/stats/prometheus")
         if status != 200:

@@ -202,8 +202,9 @@ def two_nodes(tmp_path, envoys, with_reload=True):
     b = Node("b", "127.0.0.22", pki, fb, envoys, tmp_path, port, peer_port, with_reload)
     a.start([b])
     b.start([a])
-    a.envoy.wait_snapshot(30)
-    b.envoy.wait_snapshot(30)
+    # A's first round can run before B's Envoy listens; wait until each sees both as fresh.
+    a.envoy.wait_fresh(["a", "b"], 30)
+    b.envoy.wait_fresh(["a", "b"], 30)
     return pki, fakes, a, b
 
 
