@@ -18,11 +18,11 @@ use std::hint::black_box;
 use std::process::ExitCode;
 
 use kube_peer_proxy::config::Config;
-use kube_peer_proxy::discovery::{
+use kube_peer_proxy::discovery::documents::{
     self, GroupDiscovery, GroupMeta, Gvk, ResourceDiscovery, SubresourceDiscovery, VersionDiscovery,
 };
-use kube_peer_proxy::discovery_sync::{Outcome, Publish, Syncer};
-use kube_peer_proxy::merge;
+use kube_peer_proxy::discovery::merge;
+use kube_peer_proxy::discovery::sync::{Outcome, Publish, Syncer};
 use kube_peer_proxy::request_info;
 use kube_peer_proxy::routing::{self, RequestFacts};
 use kube_peer_proxy::snapshot::{self, ServerDiscovery, ServerRef, Table};
@@ -206,17 +206,17 @@ fn fixture(name: &str) -> Result<Vec<u8>, String> {
 }
 
 fn groups_of(body: &[u8]) -> Result<Vec<GroupDiscovery>, String> {
-    discovery::parse_aggregated(body)
+    documents::parse_aggregated(body)
         .map(|l| l.items)
         .map_err(|e| e.to_string())
 }
 
 /// The core group as an aggregated `/api` would list it (from the legacy `/api/v1` fixture).
 fn core_groups() -> Result<Vec<GroupDiscovery>, String> {
-    let list = discovery::parse_resource_list(&fixture(LEGACY_CORE)?).map_err(|e| e.to_string())?;
+    let list = documents::parse_resource_list(&fixture(LEGACY_CORE)?).map_err(|e| e.to_string())?;
     Ok(vec![GroupDiscovery {
         metadata: GroupMeta::default(),
-        versions: vec![discovery::version_from_legacy("v1", &list)],
+        versions: vec![documents::version_from_legacy("v1", &list)],
     }])
 }
 
@@ -288,7 +288,7 @@ fn synth_cmd(base: &str, groups: &str, versions: &str, resources: &str) -> Resul
     let num = |s: &str| s.parse::<usize>().map_err(|e| format!("{s:?}: {e}"));
     let mut items = groups_of(&read(base)?)?;
     items.extend(synth_groups(num(groups)?, num(versions)?, num(resources)?));
-    let body = discovery::to_v2_json(&items);
+    let body = documents::to_v2_json(&items);
     use std::io::Write;
     std::io::stdout().write_all(&body).map_err(|e| format!("writing: {e}"))
 }
@@ -548,13 +548,13 @@ fn run(name: &str, n: u64) -> Result<(), String> {
                 groups.len(),
                 resources(&groups)
             );
-            repeat(n, || discovery::parse_aggregated(black_box(&body)));
+            repeat(n, || documents::parse_aggregated(black_box(&body)));
         }
         "merge_groups/3-servers" | "to_v2_json/merged" | "etag/merged-apis" => {
             let discs = discoveries(false)?;
             let lists: Vec<&[GroupDiscovery]> = discs.iter().map(|d| d.groups.as_slice()).collect();
             let merged = merge::merge_groups(&lists);
-            let body = discovery::to_v2_json(&merged);
+            let body = documents::to_v2_json(&merged);
             match name {
                 "merge_groups/3-servers" => {
                     println!(
@@ -566,7 +566,7 @@ fn run(name: &str, n: u64) -> Result<(), String> {
                 }
                 "to_v2_json/merged" => {
                     println!("note: merged /apis, {} bytes", body.len());
-                    repeat(n, || discovery::to_v2_json(black_box(&merged)));
+                    repeat(n, || documents::to_v2_json(black_box(&merged)));
                 }
                 _ => {
                     println!("note: FNV-1a 128 over {} bytes", body.len());
@@ -596,11 +596,11 @@ fn run(name: &str, n: u64) -> Result<(), String> {
                 old.extend(crds.iter().cloned());
                 let mut new = groups_of(&fixture(NEW)?)?;
                 new.extend(crds);
-                (discovery::to_v2_json(&old), discovery::to_v2_json(&new))
+                (documents::to_v2_json(&old), documents::to_v2_json(&new))
             } else {
                 (fixture(OLD)?, fixture(NEW)?)
             };
-            let core = discovery::to_v2_json(&core_groups()?);
+            let core = documents::to_v2_json(&core_groups()?);
             println!(
                 "note: /apis of {} + 2 x {} bytes, /api of 3 x {} bytes",
                 old.len(),

@@ -301,7 +301,7 @@ fn lease_discovery(obj: &Map<String, Value>, c: &Config) -> Result<Option<LeaseD
     let local_address = match string(o, "local_address").map_err(field)? {
         None => None,
         Some(a) => Some(
-            crate::leases::parse_address(&a)
+            crate::discovery::leases::parse_address(&a)
                 .ok_or_else(|| format!("lease_discovery.local_address: {a:?} is not an ip:port address"))?,
         ),
     };
@@ -321,7 +321,8 @@ fn lease_discovery(obj: &Map<String, Value>, c: &Config) -> Result<Option<LeaseD
             let a = addr
                 .as_str()
                 .ok_or_else(|| format!("{f}: expected a string, got {}", kind(addr)))?;
-            let a = crate::leases::parse_address(a).ok_or_else(|| format!("{f}: {a:?} is not an ip:port address"))?;
+            let a = crate::discovery::leases::parse_address(a)
+                .ok_or_else(|| format!("{f}: {a:?} is not an ip:port address"))?;
             hosts.push((name.clone(), a));
         }
     }

@@ -18,18 +18,19 @@
 //! headers (proxy-wasm turns a paused response into `StopAllIterationAndWatermark`), so for a
 //! `Status` 404 the answering server's own discovery is asked as well, and [`listed`] decides.
 //!
-//! The conversation is a pure state machine, like [`crate::discovery_sync::Syncer`]: the routing
+//! The conversation is a pure state machine, like [`crate::discovery::sync::Syncer`]: the routing
 //! decision carries a [`Guard`] (its [`Mode`] and its [`Subject`]); on a 404, [`Conversation::start`]
 //! returns a [`Step`] (a [`Verdict`], or discovery [`Call`]s to make), and each answer fed to
 //! [`Conversation::on_answer`] returns the next one. The adapter only makes the calls and sends
 //! the verdict.
 
 use crate::config::Config;
-use crate::discovery;
+use crate::discovery::documents;
 use crate::not_found::{self, NotFound};
 use crate::request_info;
-use crate::routing::{Guard, Gvr, Kind, Mode, Subject, PEER_PROXIED_HEADER};
+use crate::routing::{Guard, Gvr, Kind, Mode, Subject};
 use crate::snapshot::{self, Table};
+use crate::PEER_PROXIED_HEADER;
 
 /// At most this many other members are asked about one 404; with more, the 404 is answered 503.
 pub const MAX_ASKED: usize = 16;
@@ -148,7 +149,7 @@ pub fn listed(question: &Question, status: u16, body: &[u8]) -> Option<bool> {
     match (status, &question.name) {
         (200, None) => Some(true),
         (200, Some(name)) => {
-            let list = discovery::parse_resource_list(body).ok()?;
+            let list = documents::parse_resource_list(body).ok()?;
             Some(list.resources.iter().any(|r| &r.name == name))
         }
         (404, _) => Some(false),

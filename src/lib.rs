@@ -7,12 +7,9 @@
 pub mod accept;
 pub mod config;
 pub mod discovery;
-pub mod discovery_sync;
 pub mod guard;
 pub mod health;
 pub mod identity;
-pub mod leases;
-pub mod merge;
 pub mod metrics;
 pub mod not_found;
 pub mod reply;
@@ -20,6 +17,10 @@ pub mod request_info;
 pub mod routing;
 pub mod snapshot;
 pub mod status;
+
+/// Set on every request a proxy sends to another server (a rerouted request, a discovery call):
+/// the receiving proxy serves it locally (loop prevention), as upstream's handler does.
+pub const PEER_PROXIED_HEADER: &str = "x-kubernetes-peer-proxied";
 
 #[cfg(target_arch = "wasm32")]
 mod wasm;

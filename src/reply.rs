@@ -1,9 +1,8 @@
 //! Pure decisions about responses that the host adapters used to make inline: the headers of a
 //! merged discovery answer (and when it is a 304), what Envoy's `response.code_details` says about
-//! a rerouted request, and how a discovery call's answer is read.
+//! a rerouted request.
 
-use crate::discovery::CONTENT_TYPE_V2;
-use crate::discovery_sync::Outcome;
+use crate::discovery::documents::CONTENT_TYPE_V2;
 use crate::routing::MergedDoc;
 use crate::snapshot::Table;
 
@@ -80,26 +79,5 @@ pub fn upstream(code_details: &str) -> Upstream {
         Upstream::Answered
     } else {
         Upstream::EnvoyReply
-    }
-}
-
-/// A discovery call's answer. Envoy's router stamps every upstream answer with
-/// `x-envoy-upstream-service-time`; its own 503 for a connect failure lacks it, and that is the
-/// only failure that marks a server unreachable.
-pub fn call_outcome(
-    status: u16,
-    upstream_service_time: bool,
-    content_type: String,
-    etag: Option<String>,
-    body: Vec<u8>,
-) -> Outcome {
-    if status == 503 && !upstream_service_time {
-        return Outcome::Unreachable;
-    }
-    Outcome::Response {
-        status,
-        content_type,
-        etag,
-        body,
     }
 }

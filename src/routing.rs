@@ -8,8 +8,6 @@ use crate::accept::{self, DiscoveryChoice};
 use crate::request_info::{self, NonResource, RequestKind};
 use crate::snapshot::{self, Table};
 
-pub const PEER_PROXIED_HEADER: &str = "x-kubernetes-peer-proxied";
-
 /// The request headers the decision reads.
 #[derive(Debug, Clone, Default)]
 pub struct RequestFacts<'a> {

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use crate::discovery::GroupDiscovery;
+use crate::discovery::documents::GroupDiscovery;
 
 /// Shared-data keys. Values are written table/documents first and generation last.
 pub const KEY_GENERATION: &str = "kube-peer-proxy.v1/generation";
@@ -308,7 +308,7 @@ impl Table {
             merged_lengths: [u64; 3],
         }
         // Exact size: a large table is not left in a buffer grown by doubling.
-        crate::discovery::to_vec_exact(
+        crate::discovery::documents::to_vec_exact(
             &Enc {
                 generation: self.generation,
                 built_ms: self.built_ms,
@@ -353,14 +353,20 @@ impl Snapshot {
         let api: Vec<&[GroupDiscovery]> = members.iter().filter_map(|m| m.core).collect();
         // Merged views borrow the members' documents; each body is written into a buffer of its
         // exact size with room for the generation tag (see [`tag_in_place`]).
-        let merged_groups = crate::merge::merge_group_views(&apis);
-        let merged_apis = crate::discovery::to_v2_json_with_room(&merged_groups, TAG_ROOM);
-        let merged_apis_legacy = crate::discovery::legacy_group_list_json(
-            merged_groups.iter().map(crate::discovery::LegacyGroup::from).collect(),
+        let merged_groups = crate::discovery::merge::merge_group_views(&apis);
+        let merged_apis = crate::discovery::documents::to_v2_json_with_room(&merged_groups, TAG_ROOM);
+        let merged_apis_legacy = crate::discovery::documents::legacy_group_list_json(
+            merged_groups
+                .iter()
+                .map(crate::discovery::documents::LegacyGroup::from)
+                .collect(),
             TAG_ROOM,
         );
         drop(merged_groups);
-        let merged_api = crate::discovery::to_v2_json_with_room(&crate::merge::merge_group_views(&api), TAG_ROOM);
+        let merged_api = crate::discovery::documents::to_v2_json_with_room(
+            &crate::discovery::merge::merge_group_views(&api),
+            TAG_ROOM,
+        );
         let mut table = Table::build_members(members);
         table.membership_unknown = membership_unknown;
         table.apis_etag = etag(&merged_apis);

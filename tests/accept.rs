@@ -2,8 +2,8 @@
 #![cfg(test)]
 
 use kube_peer_proxy::accept::{negotiate, DiscoveryChoice};
-use kube_peer_proxy::discovery::CONTENT_TYPE_V2;
-use kube_peer_proxy::discovery_sync::DISCOVERY_ACCEPT;
+use kube_peer_proxy::discovery::documents::CONTENT_TYPE_V2;
+use kube_peer_proxy::discovery::sync::DISCOVERY_ACCEPT;
 
 use DiscoveryChoice::{Local, Merged, MergedLegacy};
 

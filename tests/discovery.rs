@@ -4,7 +4,7 @@
 mod common;
 
 use common::{fixture, fixture_json, json_gvrs, json_subresources, AGG_133, AGG_137};
-use kube_peer_proxy::discovery::{
+use kube_peer_proxy::discovery::documents::{
     self, is_aggregated_content_type, parse_aggregated, parse_api_versions, parse_group, parse_group_list,
     parse_resource_list, to_v2_json, version_from_legacy, GroupDiscovery, GroupDiscoveryList, GroupMeta, Gvk,
     ParseError, ResourceDiscovery, SubresourceDiscovery, VersionDiscovery,
@@ -415,7 +415,7 @@ fn content_type_detection() {
     let rows = [
         C {
             desc: "v2 canonical",
-            content_type: discovery::CONTENT_TYPE_V2,
+            content_type: documents::CONTENT_TYPE_V2,
             want: true,
         },
         C {
@@ -794,7 +794,7 @@ fn missing_kind_is_tolerated_only_with_the_fields_of_the_type() {
 
 #[test]
 fn legacy_group_list_from_aggregated_is_what_client_go_would_split_out() {
-    use kube_peer_proxy::discovery::{to_legacy_group_list_json, GroupDiscovery, GroupMeta};
+    use kube_peer_proxy::discovery::documents::{to_legacy_group_list_json, GroupDiscovery, GroupMeta};
     let mut items = parse_aggregated(&fixture(AGG_133)).expect("1.33").items;
     // A group whose only version is Stale has nothing to list; the core group never appears in /apis.
     items.push(GroupDiscovery {

@@ -7,10 +7,11 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 
 use common::{fixture, group, json_gvrs, res, ver, AGG_133, AGG_137};
 use kube_peer_proxy::config::Config;
-use kube_peer_proxy::discovery::{parse_aggregated, to_v2_json, CONTENT_TYPE_V2};
-use kube_peer_proxy::discovery_sync::{Fetch, Outcome, Publish, SyncError, Syncer, DISCOVERY_ACCEPT};
-use kube_peer_proxy::routing::{decide, Decision, Gvr, LocalReason, RequestFacts, PEER_PROXIED_HEADER};
+use kube_peer_proxy::discovery::documents::{parse_aggregated, to_v2_json, CONTENT_TYPE_V2};
+use kube_peer_proxy::discovery::sync::{Fetch, Outcome, Publish, SyncError, Syncer, DISCOVERY_ACCEPT};
+use kube_peer_proxy::routing::{decide, Decision, Gvr, LocalReason, RequestFacts};
 use kube_peer_proxy::snapshot::{etag, resource_key, Table};
+use kube_peer_proxy::PEER_PROXIED_HEADER;
 
 const CONFIG: &str = r#"{
     "local_name": "local",
@@ -183,7 +184,7 @@ struct Round {
 }
 
 impl Round {
-    fn take(&mut self, step: kube_peer_proxy::discovery_sync::Step) -> Vec<Fetch> {
+    fn take(&mut self, step: kube_peer_proxy::discovery::sync::Step) -> Vec<Fetch> {
         self.errors.extend(step.errors);
         if step.publish.is_some() {
             self.publishes += 1;

@@ -1,7 +1,7 @@
 //! Identity leases → peer membership: lease validity, own-lease exclusion, addresses, expiry, diff.
 #![cfg(test)]
 
-use kube_peer_proxy::leases::{
+use kube_peer_proxy::discovery::leases::{
     diff, parse_address, parse_lease_list, parse_lease_list_at, parse_rfc3339_ms, peer_address, Changes, LeasePeer,
     Own, ADDRESS_ANNOTATION, HOSTNAME_LABEL, IDENTITY_LABEL, LEASE_LIST_PATH,
 };

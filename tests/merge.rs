@@ -6,8 +6,8 @@ mod common;
 use common::{
     fixture, fixture_json, group, json_gvrs, json_subresources, res, stale, strings, sub, ver, AGG_133, AGG_137,
 };
-use kube_peer_proxy::discovery::{parse_aggregated, to_v2_json, GroupDiscovery, Gvk};
-use kube_peer_proxy::merge::{merge_groups, merge_preserving_relative_order};
+use kube_peer_proxy::discovery::documents::{parse_aggregated, to_v2_json, GroupDiscovery, Gvk};
+use kube_peer_proxy::discovery::merge::{merge_groups, merge_preserving_relative_order};
 
 #[test]
 fn merge_preserving_relative_order_examples() {
@@ -377,8 +377,8 @@ fn merge_is_deterministic() {
 /// describe differently); it must write the same bytes as the owned merge, in every order.
 #[test]
 fn borrowed_merge_writes_the_same_bytes_as_the_owned_merge() {
-    use kube_peer_proxy::discovery::{legacy_group_list_json, to_legacy_group_list_json, LegacyGroup};
-    use kube_peer_proxy::merge::merge_group_views;
+    use kube_peer_proxy::discovery::documents::{legacy_group_list_json, to_legacy_group_list_json, LegacyGroup};
+    use kube_peer_proxy::discovery::merge::merge_group_views;
     use std::borrow::Cow;
     let old = parse_aggregated(&fixture(AGG_133)).expect("1.33").items;
     let new = parse_aggregated(&fixture(AGG_137)).expect("1.37").items;

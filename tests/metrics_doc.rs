@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 
-use kube_peer_proxy::discovery_sync::SyncErrorKind;
+use kube_peer_proxy::discovery::sync::SyncErrorKind;
 use kube_peer_proxy::metrics::{MERGED_RESPONSES, PROXY_ERRORS, SYNC_ERRORS};
 use kube_peer_proxy::reply::merged_headers;
 use kube_peer_proxy::routing::MergedDoc;

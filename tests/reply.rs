@@ -2,9 +2,10 @@
 //! call outcomes.
 #![cfg(test)]
 
-use kube_peer_proxy::discovery::CONTENT_TYPE_V2;
-use kube_peer_proxy::discovery_sync::Outcome;
-use kube_peer_proxy::reply::{call_outcome, merged_headers, upstream, MergedHeaders, Upstream};
+use kube_peer_proxy::discovery::documents::CONTENT_TYPE_V2;
+use kube_peer_proxy::discovery::sync::answers::call_outcome;
+use kube_peer_proxy::discovery::sync::Outcome;
+use kube_peer_proxy::reply::{merged_headers, upstream, MergedHeaders, Upstream};
 use kube_peer_proxy::routing::MergedDoc;
 use kube_peer_proxy::snapshot::Table;
 

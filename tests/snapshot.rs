@@ -4,7 +4,7 @@
 mod common;
 
 use common::{fixture, group, res, stale, ver, AGG_133, AGG_137};
-use kube_peer_proxy::discovery::parse_aggregated;
+use kube_peer_proxy::discovery::documents::parse_aggregated;
 use kube_peer_proxy::snapshot::{
     etag, group_key, resource_key, subresource_key, version_key, ServerDiscovery, ServerRef, Table, MAX_SERVERS,
 };
@@ -50,7 +50,7 @@ fn sample() -> (ServerDiscovery, ServerDiscovery) {
 }
 
 /// A Stale version that still lists resources (a peer's stale GV must not attract traffic).
-fn stale_with_resources(version: &str, resource: &str) -> kube_peer_proxy::discovery::VersionDiscovery {
+fn stale_with_resources(version: &str, resource: &str) -> kube_peer_proxy::discovery::documents::VersionDiscovery {
     let mut v = stale(version);
     v.resources = vec![res(resource, &["status"])];
     v
@@ -313,9 +313,9 @@ fn tagged_documents_are_only_accepted_for_their_generation() {
 
 #[test]
 fn tag_in_place_round_trips_without_a_second_buffer() {
-    use kube_peer_proxy::discovery::to_v2_json_with_room;
+    use kube_peer_proxy::discovery::documents::to_v2_json_with_room;
     use kube_peer_proxy::snapshot::{tag_in_place, untag, TAG_ROOM};
-    let doc = to_v2_json_with_room::<kube_peer_proxy::discovery::GroupDiscovery>(&[], TAG_ROOM);
+    let doc = to_v2_json_with_room::<kube_peer_proxy::discovery::documents::GroupDiscovery>(&[], TAG_ROOM);
     let plain = doc.clone();
     assert!(doc.capacity() >= doc.len() + TAG_ROOM, "room for the tag");
     for generation in [0, 7, u64::MAX] {

@@ -1,8 +1,8 @@
 //! Discovery documents come from the network: every parser must reject garbage without panicking,
 //! and whatever parses must survive the merge and the serving table.
 #![no_main]
-use kube_peer_proxy::discovery;
-use kube_peer_proxy::merge::merge_groups;
+use kube_peer_proxy::discovery::documents as discovery;
+use kube_peer_proxy::discovery::merge::merge_groups;
 use kube_peer_proxy::snapshot::{ServerDiscovery, ServerRef, Table};
 use libfuzzer_sys::fuzz_target;
 

@@ -1,7 +1,7 @@
 //! Lease lists come from the network: the parsers must reject garbage without panicking, and what
 //! they accept must be canonical (an accepted address parses to itself).
 #![no_main]
-use kube_peer_proxy::leases::{diff, parse_address, parse_lease_list, parse_lease_list_at, parse_rfc3339_ms, peer_address, Own};
+use kube_peer_proxy::discovery::leases::{diff, parse_address, parse_lease_list, parse_lease_list_at, parse_rfc3339_ms, peer_address, Own};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

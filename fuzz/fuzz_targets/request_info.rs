@@ -5,7 +5,7 @@
 #![no_main]
 use std::sync::OnceLock;
 
-use kube_peer_proxy::discovery::{parse_aggregated, GroupDiscovery};
+use kube_peer_proxy::discovery::documents::{parse_aggregated, GroupDiscovery};
 use kube_peer_proxy::routing::{decide_with, RequestFacts};
 use kube_peer_proxy::snapshot::{Member, ServerDiscovery, ServerRef, Table};
 use libfuzzer_sys::fuzz_target;

@@ -21,9 +21,10 @@ use crate::health;
 use crate::identity;
 use crate::metrics;
 use crate::reply::{self, Upstream};
-use crate::routing::{self, Decision, Guard, Gvr, MergedDoc, RequestFacts, PEER_PROXIED_HEADER};
+use crate::routing::{self, Decision, Guard, Gvr, MergedDoc, RequestFacts};
 use crate::snapshot::{self, Table};
 use crate::status;
+use crate::PEER_PROXIED_HEADER;
 
 /// Set on the 503s the filter answers itself, which already are `Status` documents, so Envoy's
 /// local-reply mapper leaves them alone (see `python/kpp/render.py`).

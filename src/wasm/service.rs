@@ -10,9 +10,8 @@ use proxy_wasm::types::{BufferType, MapType};
 
 use super::host::{self, Metrics};
 use crate::config::Config;
-use crate::discovery_sync::{Outcome, Publish, Step, Syncer};
+use crate::discovery::sync::{answers, Outcome, Publish, Step, Syncer};
 use crate::metrics;
-use crate::reply;
 use crate::snapshot;
 
 pub struct Service {
@@ -74,7 +73,7 @@ impl Service {
             } else {
                 Vec::new()
             };
-            reply::call_outcome(
+            answers::call_outcome(
                 status,
                 get("x-envoy-upstream-service-time").is_some(),
                 get("content-type").unwrap_or_default(),

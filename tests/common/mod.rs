@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 #![cfg(test)]
 
-use kube_peer_proxy::discovery::{
+use kube_peer_proxy::discovery::documents::{
     GroupDiscovery, GroupMeta, Gvk, ResourceDiscovery, SubresourceDiscovery, VersionDiscovery,
 };
 

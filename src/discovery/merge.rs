@@ -9,7 +9,9 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 
 use serde::Serialize;
 
-use crate::discovery::{GroupDiscovery, GroupMeta, ResourceDiscovery, SubresourceDiscovery, VersionDiscovery};
+use super::documents::{
+    GroupDiscovery, GroupMeta, LegacyGroup, ResourceDiscovery, SubresourceDiscovery, VersionDiscovery,
+};
 
 /// A merged group that borrows from the servers' documents: only a resource that two servers
 /// describe differently is copied (see [`merge_resource`]), so merging large documents does not
@@ -18,6 +20,17 @@ use crate::discovery::{GroupDiscovery, GroupMeta, ResourceDiscovery, Subresource
 pub struct MergedGroup<'a> {
     pub metadata: &'a GroupMeta,
     pub versions: Vec<MergedVersion<'a>>,
+}
+
+/// A merged group's entry in the legacy `APIGroupList` (here, not in `documents`, so the documents
+/// do not depend on the merge).
+impl<'a> From<&MergedGroup<'a>> for LegacyGroup<'a> {
+    fn from(g: &MergedGroup<'a>) -> LegacyGroup<'a> {
+        LegacyGroup {
+            name: &g.metadata.name,
+            versions: g.versions.iter().filter(|v| !v.is_stale()).map(|v| v.version).collect(),
+        }
+    }
 }
 
 /// Serializes exactly as [`VersionDiscovery`] does (same field order and omitempty rules).

@@ -329,7 +329,7 @@ pub fn version_from_legacy(version: &str, list: &ApiResourceList) -> VersionDisc
 }
 
 /// Serializes a list as an apiserver would send it (`kind`/`apiVersion` set to v2): owned groups or
-/// merged views ([`crate::merge::MergedGroup`]).
+/// the merge's borrowed views (anything that serializes as a group does).
 pub fn to_v2_json<T: Serialize>(items: &[T]) -> Vec<u8> {
     to_v2_json_with_room(items, 0)
 }
@@ -401,15 +401,6 @@ impl<'a> From<&'a GroupDiscovery> for LegacyGroup<'a> {
                 .filter(|v| !v.is_stale())
                 .map(|v| v.version.as_str())
                 .collect(),
-        }
-    }
-}
-
-impl<'a> From<&crate::merge::MergedGroup<'a>> for LegacyGroup<'a> {
-    fn from(g: &crate::merge::MergedGroup<'a>) -> LegacyGroup<'a> {
-        LegacyGroup {
-            name: &g.metadata.name,
-            versions: g.versions.iter().filter(|v| !v.is_stale()).map(|v| v.version).collect(),
         }
     }
 }

@@ -1,0 +1,116 @@
+//! Lease membership: in lease mode the members are the servers whose identity lease is live
+//! (upstream `peer_discovery.go`; the lease list itself is parsed by [`crate::discovery::leases`]).
+//! A new lease is a member fetched at once; a changed holder is a restart (its API set is unknown
+//! again); a lease that is gone or expired leaves when the round ends.
+
+use super::{Outcome, Part, Server, Step, SyncErrorKind, Syncer};
+use crate::discovery::leases::{self, LeasePeer};
+use crate::snapshot::{self, ServerRef};
+
+impl Syncer {
+    pub(super) fn interpret_leases(&self, outcome: Outcome) -> Result<Vec<LeasePeer>, (SyncErrorKind, String)> {
+        let Some(config) = &self.leases else {
+            return Err((SyncErrorKind::Decode, "lease mode is off".into()));
+        };
+        let body = match outcome {
+            Outcome::Response { status: 200, body, .. } => body,
+            Outcome::Response { status, .. } => return Err((SyncErrorKind::HttpStatus, format!("HTTP {status}"))),
+            failed => return Err(self.no_answer(failed)),
+        };
+        let own = leases::Own {
+            hostname: config.local_hostname.clone(),
+            address: config.local_address.clone(),
+        };
+        leases::parse_lease_list_at(&body, &own, &config.hosts, config.peer_port)
+            .map_err(|e| (SyncErrorKind::Decode, e))
+    }
+
+    /// Applies a lease list: new live leases become members (fetched at once), a changed holder
+    /// means the server restarted (its API set is unknown again and fetched at once), and members
+    /// whose lease is gone or expired leave when the round ends.
+    pub(super) fn apply_leases(&mut self, peers: Vec<LeasePeer>, now_ms: u64, step: &mut Step) {
+        let Some(config) = self.leases.clone() else { return };
+        self.dirty |= !self.leases_listed;
+        self.leases_listed = true;
+        let live: Vec<LeasePeer> = peers.into_iter().filter(|p| p.is_live(now_ms)).collect();
+        for s in self.servers.iter_mut().filter(|s| s.lease.is_some()) {
+            let id = s.lease.as_ref().map(|l| l.id.clone()).unwrap_or_default();
+            if !live.iter().any(|p| p.id == id) && !s.leaving {
+                log::info!("kube-peer-proxy: apiserver {} left (lease {id} gone)", s.reference.name);
+                s.leaving = true;
+            }
+        }
+        for p in live {
+            let existing = self
+                .servers
+                .iter()
+                .position(|s| !s.leaving && s.lease.as_ref().is_some_and(|l| l.id == p.id));
+            match existing {
+                Some(i) => {
+                    let Some(s) = self.servers.get_mut(i) else { continue };
+                    let restarted = s.lease.as_ref().is_some_and(|l| l.holder != p.holder);
+                    let moved = s.reference.address != p.address;
+                    s.lease = Some(p.clone());
+                    if restarted || moved {
+                        log::info!(
+                            "kube-peer-proxy: apiserver {} restarted; its API set is refetched",
+                            s.reference.name
+                        );
+                        s.reference.address = p.address.clone();
+                        s.core = Part::default();
+                        s.groups = Part::default();
+                        s.cache.clear();
+                        s.reachable = true;
+                        self.dirty = true;
+                        if s.work.pending == 0 {
+                            self.start_server(i, step);
+                        } else {
+                            s.refetch = true;
+                        }
+                    }
+                }
+                None => {
+                    if self.servers.len() >= snapshot::MAX_SERVERS {
+                        log::warn!(
+                            "kube-peer-proxy: more than {} apiservers; lease {} ignored",
+                            snapshot::MAX_SERVERS,
+                            p.id
+                        );
+                        continue;
+                    }
+                    let name = if p.hostname.is_empty() {
+                        p.id.clone()
+                    } else {
+                        p.hostname.clone()
+                    };
+                    log::info!(
+                        "kube-peer-proxy: apiserver {name} joined (lease {}, address {})",
+                        p.id,
+                        p.address.as_deref().unwrap_or("unknown")
+                    );
+                    let reference = ServerRef {
+                        name,
+                        cluster: config.cluster.clone(),
+                        local: false,
+                        address: p.address.clone(),
+                    };
+                    self.servers.push(Server::new(reference, Some(p)));
+                    self.dirty = true;
+                    let i = self.servers.len().saturating_sub(1);
+                    self.start_server(i, step);
+                }
+            }
+        }
+    }
+
+    /// Members whose lease expired (renewTime + leaseDurationSeconds) leave even while the lease
+    /// list cannot be read.
+    pub(super) fn expire_leases(&mut self, now_ms: u64) {
+        let before = self.servers.len();
+        self.servers
+            .retain(|s| s.lease.as_ref().is_none_or(|l| l.is_live(now_ms)) && !s.leaving);
+        if self.servers.len() != before {
+            self.dirty = true;
+        }
+    }
+}

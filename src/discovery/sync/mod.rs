@@ -1,0 +1,363 @@
+//! Discovery synchronisation for the local server and every peer (upstream's `local_discovery.go`
+//! and `peer_discovery.go` in one state machine, with no host calls so it is tested natively).
+//!
+//! Each round fetches `/api` and `/apis` from every member with the `profile=nopeer` Accept list
+//! and `x-kubernetes-peer-proxied: true`, reusing ETags so unchanged documents cost a 304. A server
+//! that answers legacy discovery is walked through `/api/<v>` and `/apis/<g>/<v>`.
+//!
+//! Membership is separate from freshness: a member is every configured server, or in lease mode
+//! every server whose identity lease is live. What a member was last seen to serve is kept however
+//! old it gets (it is routed to only while fresh); `/api`, `/apis` and each legacy group/version
+//! are learned separately, so a partial answer counts for what it did answer.
+//!
+//! This module holds the state; each job has its own file: [`rounds`] (scheduling: rounds, fetches,
+//! where each answer goes), [`membership`] (lease membership), [`answers`] (interpreting an
+//! answer), [`legacy`] (what an answer adds, and the legacy walk), [`build`] (the snapshot).
+
+use std::collections::HashMap;
+use std::rc::Rc;
+
+pub mod answers;
+mod build;
+mod legacy;
+mod membership;
+mod rounds;
+
+use crate::config::{Config, LeaseDiscovery};
+use crate::discovery::documents::{GroupDiscovery, VersionDiscovery};
+use crate::discovery::leases::LeasePeer;
+use crate::snapshot::{ServerRef, Snapshot};
+use build::BuildInputs;
+
+/// client-go `AcceptV2NoPeer`, then v2, v2beta1 (servers 1.26–1.29) and legacy JSON.
+pub const DISCOVERY_ACCEPT: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;profile=nopeer,application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json";
+
+/// A request the host adapter must dispatch and answer with [`Syncer::on_response`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fetch {
+    pub id: u64,
+    pub cluster: String,
+    pub headers: Vec<(String, String)>,
+}
+
+impl Fetch {
+    pub fn path(&self) -> &str {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == ":path")
+            .map(|(_, v)| v.as_str())
+            .unwrap_or("")
+    }
+}
+
+/// What came back for a fetch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Response {
+        status: u16,
+        content_type: String,
+        etag: Option<String>,
+        body: Vec<u8>,
+    },
+    /// Envoy could not connect to the server (its own 503, not the server's): the only failure
+    /// that marks a server unhealthy, i.e. not routed to while its data is kept.
+    Unreachable,
+    /// The stream ended without a usable response: reset mid-body, Envoy's own response-size
+    /// limit, or a dispatch failure.
+    NoResponse,
+    /// No answer before the round's deadline.
+    Overdue,
+    /// The body exceeded `max_discovery_bytes` and was not read.
+    Oversized,
+}
+
+/// Why a fetch failed; [`SyncErrorKind::label`] is the `type` label of
+/// `discovery_sync_errors_total{type,server}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncErrorKind {
+    /// Envoy could not connect: the only failure that marks a server unhealthy.
+    Unreachable,
+    /// The server answered 503.
+    Unavailable,
+    /// No answer in time (the round's deadline, or a 504).
+    Timeout,
+    /// The stream ended without a usable response.
+    Reset,
+    /// Any other unexpected status (401, 403, 500, a 304 without a cached document, ...).
+    HttpStatus,
+    /// The body is not the document its path should have.
+    Decode,
+    /// The body exceeded `max_discovery_bytes`.
+    Oversized,
+}
+
+impl SyncErrorKind {
+    pub fn label(self) -> &'static str {
+        match self {
+            SyncErrorKind::Unreachable => "unreachable",
+            SyncErrorKind::Unavailable => "unavailable",
+            SyncErrorKind::Timeout => "timeout",
+            SyncErrorKind::Reset => "reset",
+            SyncErrorKind::HttpStatus => "http_status",
+            SyncErrorKind::Decode => "decode",
+            SyncErrorKind::Oversized => "oversized",
+        }
+    }
+}
+
+/// A sync failure, counted by the adapter as `discovery_sync_errors_total{type,server}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncError {
+    pub server: String,
+    pub kind: SyncErrorKind,
+    pub detail: String,
+}
+
+/// A snapshot ready to be written to shared data (see [`Snapshot`]).
+pub type Publish = Snapshot;
+
+/// Everything a callback produced.
+#[derive(Debug, Default)]
+pub struct Step {
+    pub fetches: Vec<Fetch>,
+    pub errors: Vec<SyncError>,
+    pub publish: Option<Publish>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Purpose {
+    ApiRoot,
+    ApisRoot,
+    /// Index into the core part's legacy walk.
+    CoreVersion(usize),
+    /// Index into the groups part's legacy walk.
+    GroupVersion(usize),
+    /// The identity lease list (lease mode; fetched from the local server).
+    Leases,
+}
+
+/// A parsed document, cached with its ETag so a 304 can reuse it.
+#[derive(Debug, Clone)]
+enum Doc {
+    /// An aggregated list, and the ETag it came with.
+    Aggregated(Rc<Vec<GroupDiscovery>>, Option<String>),
+    ApiVersions(Vec<String>),
+    GroupList(Vec<(String, Vec<String>)>),
+    ResourceList(VersionDiscovery),
+    /// `/api` answered 404 (aggregated API servers have no core group).
+    Absent,
+    /// What the cache holds for an aggregated document: a 304 means "keep the server's current
+    /// data", so the (large) parsed document is not kept twice or cloned.
+    Unchanged,
+}
+
+/// What a round learned about one part (`/api` or `/apis`) of a server.
+#[derive(Debug, Default)]
+enum PartWork {
+    /// No usable answer (yet): the part keeps what it had.
+    #[default]
+    Failed,
+    /// 304: the part's data is current.
+    Unchanged,
+    Docs(Rc<Vec<GroupDiscovery>>, Option<String>),
+    /// A legacy walk: `(group, version, resources if that fetch succeeded)`, in the server's order.
+    Legacy(Vec<(String, String, Option<VersionDiscovery>)>),
+}
+
+#[derive(Debug, Default)]
+struct Work {
+    pending: usize,
+    /// A fetch could not reach the server at all (as opposed to a bad answer).
+    unreachable: bool,
+    core: PartWork,
+    groups: PartWork,
+}
+
+/// One part of a server's API set as last learned.
+#[derive(Debug, Default, Clone)]
+struct Part {
+    /// `None` until learned once; then kept however old it gets. Shared (not copied) between
+    /// servers that sent equal documents: during an upgrade most servers run the same version, and
+    /// a large parsed document is the biggest thing the discovery service holds.
+    docs: Option<Rc<Vec<GroupDiscovery>>>,
+    /// The ETag `docs` came with (aggregated discovery only): another server answering the same
+    /// ETag sent the same document, which is then shared without being parsed again.
+    etag: Option<String>,
+    /// Group/versions listed by a legacy walk whose resources were never learned.
+    unknown: Vec<(String, String)>,
+    last_ms: Option<u64>,
+}
+
+impl Part {
+    fn fresh(&self, now_ms: u64, staleness_ms: u64) -> bool {
+        self.docs.is_some() && self.last_ms.is_some_and(|t| now_ms.saturating_sub(t) <= staleness_ms)
+    }
+}
+
+#[derive(Debug)]
+struct Server {
+    reference: ServerRef,
+    /// The identity lease that makes it a member (lease mode peers only).
+    lease: Option<LeasePeer>,
+    core: Part,
+    groups: Part,
+    /// Whether the server answered its last finished round (even with an unusable document).
+    reachable: bool,
+    cache: HashMap<String, (String, Doc)>,
+    work: Work,
+    /// Its lease is gone: leaves when the round ends (in-flight fetches still name it).
+    leaving: bool,
+    /// It restarted while fetches to it were in flight: their answers may predate the restart, so
+    /// they are discarded and the server is asked again.
+    refetch: bool,
+}
+
+impl Server {
+    fn new(reference: ServerRef, lease: Option<LeasePeer>) -> Server {
+        Server {
+            reference,
+            lease,
+            core: Part::default(),
+            groups: Part::default(),
+            reachable: true,
+            cache: HashMap::new(),
+            work: Work::default(),
+            leaving: false,
+            refetch: false,
+        }
+    }
+
+    /// Whether discovery can be fetched at all (a lease peer without an address cannot).
+    fn fetchable(&self) -> bool {
+        self.lease.is_none() || self.reference.address.is_some()
+    }
+}
+
+/// A fetch waiting for its answer.
+#[derive(Debug)]
+struct InFlight {
+    /// Index into `servers` (stable within a round: servers leave only when it ends).
+    server: usize,
+    purpose: Purpose,
+    path: String,
+}
+
+pub struct Syncer {
+    servers: Vec<Server>,
+    authority: String,
+    extra_headers: Vec<(String, String)>,
+    refresh_ms: u64,
+    fetch_timeout_ms: u64,
+    staleness_ms: u64,
+    max_bytes: usize,
+    next_id: u64,
+    in_flight: HashMap<u64, InFlight>,
+    round_deadline_ms: Option<u64>,
+    next_round_ms: u64,
+    generation: u64,
+    published: Option<Vec<u8>>,
+    round_completed_ms: Option<u64>,
+    /// Some server's data or membership changed since the last build.
+    dirty: bool,
+    /// How many times a snapshot was built (merged, encoded, compared): unchanged rounds must not.
+    builds: u64,
+    last_built: Option<BuildInputs>,
+    leases: Option<LeaseDiscovery>,
+    /// Lease mode: whether a lease list has ever been read (before that, membership is unknown).
+    leases_listed: bool,
+}
+
+impl Syncer {
+    pub fn new(c: &Config) -> Syncer {
+        let mut servers = vec![ServerRef {
+            name: c.local_name.clone(),
+            cluster: c.local_cluster.clone(),
+            local: true,
+            address: None,
+        }];
+        servers.extend(c.peers.iter().map(|p| ServerRef {
+            name: p.name.clone(),
+            cluster: p.cluster.clone(),
+            local: false,
+            address: None,
+        }));
+        Syncer {
+            servers: servers.into_iter().map(|r| Server::new(r, None)).collect(),
+            authority: c.discovery_authority.clone(),
+            extra_headers: c.discovery_headers.clone(),
+            refresh_ms: millis(c.refresh_interval),
+            fetch_timeout_ms: millis(c.fetch_timeout),
+            staleness_ms: millis(c.staleness_limit),
+            max_bytes: c.max_discovery_bytes,
+            next_id: 1,
+            in_flight: HashMap::new(),
+            round_deadline_ms: None,
+            next_round_ms: 0,
+            generation: 0,
+            published: None,
+            round_completed_ms: None,
+            dirty: true,
+            builds: 0,
+            last_built: None,
+            leases: c.lease_discovery.clone(),
+            leases_listed: false,
+        }
+    }
+
+    pub fn max_bytes(&self) -> usize {
+        self.max_bytes
+    }
+
+    pub fn fetch_timeout_ms(&self) -> u64 {
+        self.fetch_timeout_ms
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Snapshots built so far (each costs a merge and an encode, published or not).
+    pub fn builds(&self) -> u64 {
+        self.builds
+    }
+
+    /// When the last round finished (published or unchanged): the snapshot's age is measured from it.
+    pub fn round_completed_ms(&self) -> Option<u64> {
+        self.round_completed_ms
+    }
+
+    /// Per-member `(name, last full success ms)` for metrics: the older of its two parts' last
+    /// success, `None` while either part was never learned.
+    pub fn server_status(&self) -> impl Iterator<Item = (&str, Option<u64>)> {
+        self.servers.iter().map(|s| {
+            let last = match (s.core.last_ms, s.groups.last_ms) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                _ => None,
+            };
+            (s.reference.name.as_str(), last)
+        })
+    }
+
+    /// Per-member `(name, both parts fresh at now_ms)`: the one definition of freshness, used by
+    /// the table and the `server_fresh` gauge alike.
+    pub fn server_freshness(&self, now_ms: u64) -> impl Iterator<Item = (&str, bool)> {
+        let staleness = self.staleness_ms;
+        self.servers.iter().map(move |s| {
+            let fresh = s.core.fresh(now_ms, staleness) && s.groups.fresh(now_ms, staleness);
+            (s.reference.name.as_str(), fresh)
+        })
+    }
+
+    /// `(target, last answer ms)` of servers that answered their last round: a passive "down"
+    /// mark older than that answer is obsolete.
+    pub fn answering_clusters(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.servers.iter().filter(|s| s.reachable).filter_map(|s| {
+            let last = s.core.last_ms.max(s.groups.last_ms)?;
+            Some((s.reference.target(), last))
+        })
+    }
+}
+
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
