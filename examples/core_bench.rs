@@ -23,8 +23,8 @@ use kube_peer_proxy::discovery::documents::{
 };
 use kube_peer_proxy::discovery::merge;
 use kube_peer_proxy::discovery::sync::{Outcome, Publish, Syncer};
-use kube_peer_proxy::request_info;
-use kube_peer_proxy::routing::{self, RequestFacts};
+use kube_peer_proxy::request::request_info;
+use kube_peer_proxy::request::routing::{self, RequestFacts};
 use kube_peer_proxy::snapshot::{self, ServerDiscovery, ServerRef, Table};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/k8s-discovery/");
@@ -536,7 +536,7 @@ fn run(name: &str, n: u64) -> Result<(), String> {
         "accept/kubectl" => {
             println!("note: kubectl's discovery Accept (3 clauses)");
             repeat(n, || {
-                kube_peer_proxy::accept::negotiate(black_box(Some(KUBECTL_ACCEPT)))
+                kube_peer_proxy::request::accept::negotiate(black_box(Some(KUBECTL_ACCEPT)))
             });
         }
         "parse_aggregated/1.33" | "parse_aggregated/1.37" => {

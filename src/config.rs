@@ -65,7 +65,7 @@ pub struct Config {
     pub lease_discovery: Option<LeaseDiscovery>,
     /// Assert verified client certificates' identity to the apiservers in these request headers
     /// (the apiservers' `--requestheader-*` names); clients' copies of them are always removed.
-    pub client_identity: Option<crate::identity::RequestHeaderNames>,
+    pub client_identity: Option<crate::request::identity::RequestHeaderNames>,
 }
 
 impl Default for Config {
@@ -353,7 +353,7 @@ fn lease_discovery(obj: &Map<String, Value>, c: &Config) -> Result<Option<LeaseD
     }))
 }
 
-fn client_identity(obj: &Map<String, Value>) -> Result<Option<crate::identity::RequestHeaderNames>, String> {
+fn client_identity(obj: &Map<String, Value>) -> Result<Option<crate::request::identity::RequestHeaderNames>, String> {
     let Some(v) = obj.get("client_identity") else {
         return Ok(None);
     };
@@ -392,7 +392,7 @@ fn client_identity(obj: &Map<String, Value>) -> Result<Option<crate::identity::R
         }
         Ok(out)
     };
-    Ok(Some(crate::identity::RequestHeaderNames {
+    Ok(Some(crate::request::identity::RequestHeaderNames {
         username: names("username_headers", true)?,
         uid: names("uid_headers", false)?,
         group: names("group_headers", true)?,

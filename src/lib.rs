@@ -1,22 +1,22 @@
 //! kube-peer-proxy: Kubernetes' Mixed Version Proxy (KEP-4020) as a proxy-wasm filter for Envoy.
 //!
-//! The pure core (request grammar, discovery parsing and merging, the serving table, the routing
-//! decision, configuration) has no host calls and is tested natively; `wasm` holds the thin
-//! proxy-wasm adapters: the HTTP filter and the singleton discovery service.
+//! Two walks, each a pure core with no host calls, tested natively:
+//! * [`request`]: one client request through the HTTP filter: its path parsed, routed (local, a
+//!   peer, 503, or the merged discovery document), its 404 guarded, its answer rewritten;
+//! * [`discovery`]: the singleton discovery service's rounds: membership, the discovery documents
+//!   of every member, the merge, and the snapshot it publishes.
+//!
+//! Shared by both: [`config`], [`snapshot`] (the serving table the discovery walk publishes and the
+//! request walk reads), [`passive_health`] (marks written by one walk, cleared by the other),
+//! [`metrics`] (names) and [`PEER_PROXIED_HEADER`]. `wasm` holds the thin proxy-wasm adapters that
+//! carry out their steps with host calls: the HTTP filter, the discovery service, the peer gate.
 
-pub mod accept;
 pub mod config;
 pub mod discovery;
-pub mod guard;
-pub mod health;
-pub mod identity;
 pub mod metrics;
-pub mod not_found;
-pub mod reply;
-pub mod request_info;
-pub mod routing;
+pub mod passive_health;
+pub mod request;
 pub mod snapshot;
-pub mod status;
 
 /// Set on every request a proxy sends to another server (a rerouted request, a discovery call):
 /// the receiving proxy serves it locally (loop prevention), as upstream's handler does.

@@ -55,13 +55,6 @@ pub fn is_chunked(len: u64) -> bool {
     usize::try_from(len).map_or(true, |l| l > WHOLE_LIMIT)
 }
 
-/// Passive health: a filter that could not connect to a peer writes the time (ms) here; the
-/// discovery service clears it (writes `0`) when that peer answers a discovery round again. `target`
-/// is [`ServerRef::target`]: the cluster, or the address of a peer learned from a lease.
-pub fn down_key(target: &str) -> String {
-    format!("kube-peer-proxy.v1/down/{target}")
-}
-
 /// At most this many servers fit in a table (one bit each).
 pub const MAX_SERVERS: usize = 64;
 

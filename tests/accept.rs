@@ -1,9 +1,9 @@
 //! Content negotiation for `/api` and `/apis` (upstream `aggregated/wrapper.go` and `negotiation/negotiate.go`, docs/design.md).
 #![cfg(test)]
 
-use kube_peer_proxy::accept::{negotiate, DiscoveryChoice};
 use kube_peer_proxy::discovery::documents::CONTENT_TYPE_V2;
 use kube_peer_proxy::discovery::sync::DISCOVERY_ACCEPT;
+use kube_peer_proxy::request::accept::{negotiate, DiscoveryChoice};
 
 use DiscoveryChoice::{Local, Merged, MergedLegacy};
 
@@ -301,7 +301,7 @@ fn quality_and_wildcards_like_upstream() {
 
 #[test]
 fn parse_accept_orders_like_goautoneg() {
-    use kube_peer_proxy::accept::parse_accept;
+    use kube_peer_proxy::request::accept::parse_accept;
     let kinds = |h: &str| -> Vec<String> {
         parse_accept(h)
             .iter()

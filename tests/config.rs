@@ -778,7 +778,7 @@ fn client_identity_config() {
     let id = c.client_identity.expect("client_identity");
     assert_eq!(
         id,
-        kube_peer_proxy::identity::RequestHeaderNames::default(),
+        kube_peer_proxy::request::identity::RequestHeaderNames::default(),
         "kubeadm's names, lower-cased"
     );
     assert!(Config::parse(br#"{"local_cluster":"local"}"#)

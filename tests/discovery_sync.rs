@@ -9,7 +9,7 @@ use common::{fixture, group, json_gvrs, res, ver, AGG_133, AGG_137};
 use kube_peer_proxy::config::Config;
 use kube_peer_proxy::discovery::documents::{parse_aggregated, to_v2_json, CONTENT_TYPE_V2};
 use kube_peer_proxy::discovery::sync::{Fetch, Outcome, Publish, SyncError, Syncer, DISCOVERY_ACCEPT};
-use kube_peer_proxy::routing::{decide, Decision, Gvr, LocalReason, RequestFacts};
+use kube_peer_proxy::request::routing::{decide, Decision, Gvr, LocalReason, RequestFacts};
 use kube_peer_proxy::snapshot::{etag, resource_key, Table};
 use kube_peer_proxy::PEER_PROXIED_HEADER;
 

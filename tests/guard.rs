@@ -4,8 +4,8 @@
 mod common;
 
 use common::{group, res, ver};
-use kube_peer_proxy::guard::{first_look, listed, question, verdict, First, Question, Verdict};
-use kube_peer_proxy::routing::Gvr;
+use kube_peer_proxy::request::guard::{first_look, listed, question, verdict, First, Question, Verdict};
+use kube_peer_proxy::request::routing::Gvr;
 use kube_peer_proxy::snapshot::{ServerDiscovery, ServerRef, Table};
 
 fn table() -> Table {
@@ -179,8 +179,8 @@ fn table_keys_of_questions() {
 // answer is fed back, in every order the answers could arrive in.
 
 use kube_peer_proxy::config::Config;
-use kube_peer_proxy::guard::{Call, Conversation, Step, Target, MAX_ASKED};
-use kube_peer_proxy::routing::{Guard, Kind, Mode, Subject};
+use kube_peer_proxy::request::guard::{Call, Conversation, Step, Target, MAX_ASKED};
+use kube_peer_proxy::request::routing::{Guard, Kind, Mode, Subject};
 
 /// What a server's discovery says when asked about `x.io/v1`.
 #[derive(Debug, Clone, Copy, PartialEq)]

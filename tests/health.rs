@@ -1,7 +1,7 @@
-//! The readiness answer before the first snapshot (src/health.rs).
+//! The readiness answer before the first snapshot (src/request/readiness.rs).
 #![cfg(test)]
 
-use kube_peer_proxy::health::{is_readiness_path, not_ready};
+use kube_peer_proxy::request::readiness::{is_readiness_path, not_ready};
 
 #[test]
 fn readiness_paths_are_readyz_and_healthz_with_any_query() {

@@ -2,7 +2,7 @@
 //! concludes → the request headers asserting it.
 #![cfg(test)]
 
-use kube_peer_proxy::identity::{from_subject, peer_allowed, CertIdentity, RequestHeaderNames};
+use kube_peer_proxy::request::identity::{from_subject, peer_allowed, CertIdentity, RequestHeaderNames};
 
 fn id(user: &str, groups: &[&str]) -> Option<CertIdentity> {
     Some(CertIdentity {

@@ -8,8 +8,8 @@ use std::collections::BTreeSet;
 
 use kube_peer_proxy::discovery::sync::SyncErrorKind;
 use kube_peer_proxy::metrics::{MERGED_RESPONSES, PROXY_ERRORS, SYNC_ERRORS};
-use kube_peer_proxy::reply::merged_headers;
-use kube_peer_proxy::routing::MergedDoc;
+use kube_peer_proxy::request::response::merged_headers;
+use kube_peer_proxy::request::routing::MergedDoc;
 use kube_peer_proxy::snapshot::Table;
 
 fn readme(file: &str) -> String {

@@ -3,7 +3,7 @@
 //! v3.13.0, `notfoundhandler.New`, `responsewriters.ErrorNegotiated`) wrote under `httptest`.
 #![cfg(test)]
 
-use kube_peer_proxy::not_found::{classify, needs_body, NotFound};
+use kube_peer_proxy::request::not_found::{classify, needs_body, NotFound};
 
 const JSON: &str = "application/json";
 const PROTOBUF: &str = "application/vnd.kubernetes.protobuf";

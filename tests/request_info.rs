@@ -4,7 +4,7 @@
 
 mod common;
 
-use kube_peer_proxy::request_info::{self, parse, NonResource, RequestKind};
+use kube_peer_proxy::request::request_info::{self, parse, NonResource, RequestKind};
 
 use common::{non_resource as nr, resource_request as resource};
 

@@ -44,7 +44,7 @@
 
 mod common;
 
-use kube_peer_proxy::request_info::{parse, NonResource, RequestKind};
+use kube_peer_proxy::request::request_info::{parse, NonResource, RequestKind};
 
 struct Row {
     name: &'static str,
@@ -619,7 +619,7 @@ fn upstream_field_selector_name() {
 #[test]
 fn percent_encoded_paths_are_classified_decoded() {
     use common::{non_resource, resource_request};
-    use kube_peer_proxy::request_info::parse_decoded;
+    use kube_peer_proxy::request::request_info::parse_decoded;
     let rows: Vec<(&str, &str, RequestKind<'static>)> = vec![
         // `job%73` is `jobs` to the apiserver: proxied upstream, so it must route like `jobs`.
         (

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{group, res, ver};
-use kube_peer_proxy::routing::{
+use kube_peer_proxy::request::routing::{
     decide, route, Decision, Gvr, Kind, LocalReason, MergedDoc, Mode, RequestFacts, Subject,
 };
 use kube_peer_proxy::snapshot::{ServerDiscovery, ServerRef, Table};
@@ -697,7 +697,7 @@ fn never_panics() {
 
 #[test]
 fn unhealthy_peers_are_not_routed_to() {
-    use kube_peer_proxy::routing::decide_with;
+    use kube_peer_proxy::request::routing::decide_with;
     let mut t = table();
     t.unhealthy = 1 << PEER_B;
     let get = |path| RequestFacts {
@@ -1193,8 +1193,8 @@ fn merged_discovery_needs_the_local_part() {
 /// the discovery roots, and elsewhere the header must not change the decision.
 #[test]
 fn accept_is_read_only_where_it_can_matter() {
-    use kube_peer_proxy::request_info::{parse_decoded, NonResource, RequestKind};
-    use kube_peer_proxy::routing::needs_accept;
+    use kube_peer_proxy::request::request_info::{parse_decoded, NonResource, RequestKind};
+    use kube_peer_proxy::request::routing::needs_accept;
     let t = table();
     let paths = [
         "/apis",

@@ -2,8 +2,8 @@
 #![cfg(test)]
 
 use kube_peer_proxy::metrics;
-use kube_peer_proxy::routing::Gvr;
-use kube_peer_proxy::status::{guarded_not_found, peer_unavailable};
+use kube_peer_proxy::request::reply::{guarded_not_found, peer_unavailable};
+use kube_peer_proxy::request::routing::Gvr;
 
 fn json(bytes: &[u8]) -> serde_json::Value {
     serde_json::from_slice(bytes).expect("Status is JSON")

@@ -2,7 +2,7 @@
 //! identity always has a user, and a successful assertion never carries a value that could break
 //! out of its header or be altered by HTTP whitespace stripping.
 #![no_main]
-use kube_peer_proxy::identity::{from_subject, peer_allowed, RequestHeaderNames};
+use kube_peer_proxy::request::identity::{from_subject, peer_allowed, RequestHeaderNames};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -1,7 +1,7 @@
 //! 404 bodies come from the network: classification must never panic, text/plain must not depend
 //! on the body, and a media type that needs no body must classify the same without it.
 #![no_main]
-use kube_peer_proxy::not_found::{classify, needs_body, NotFound};
+use kube_peer_proxy::request::not_found::{classify, needs_body, NotFound};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -6,7 +6,7 @@
 use std::sync::OnceLock;
 
 use kube_peer_proxy::discovery::documents::{parse_aggregated, GroupDiscovery};
-use kube_peer_proxy::routing::{decide_with, RequestFacts};
+use kube_peer_proxy::request::routing::{decide_with, RequestFacts};
 use kube_peer_proxy::snapshot::{Member, ServerDiscovery, ServerRef, Table};
 use libfuzzer_sys::fuzz_target;
 
@@ -61,21 +61,21 @@ fuzz_target!(|data: &[u8]| {
     let method = parts.next().unwrap_or("GET");
     let path = parts.next().unwrap_or("");
     let accept = parts.next();
-    let _ = kube_peer_proxy::request_info::parse(method, path);
-    let _ = kube_peer_proxy::accept::negotiate(accept);
+    let _ = kube_peer_proxy::request::request_info::parse(method, path);
+    let _ = kube_peer_proxy::request::accept::negotiate(accept);
     let local = ServerRef { name: "a".into(), cluster: "local".into(), local: true, address: None };
     let empty = ServerDiscovery::default();
     let facts = RequestFacts { method, path, accept, peer_proxied: None };
     for t in [Table::build(&[(local, &empty)]), table(state)] {
         let d = decide_with(&facts, Some(&t), true, &mut |n| n / 2, &mut |i| state & (1 << (21 + i % 3)) != 0);
-        let _ = kube_peer_proxy::guard::question(method, path, Some(&t));
+        let _ = kube_peer_proxy::request::guard::question(method, path, Some(&t));
         // The filter reads Accept only where needs_accept says so: elsewhere it must not matter.
-        if !kube_peer_proxy::routing::needs_accept(path) {
+        if !kube_peer_proxy::request::routing::needs_accept(path) {
             let without = RequestFacts { accept: None, ..facts.clone() };
             let d2 = decide_with(&without, Some(&t), true, &mut |n| n / 2, &mut |i| state & (1 << (21 + i % 3)) != 0);
             assert_eq!(d, d2, "Accept changed the decision for {path:?}");
         }
     }
     let _ = decide_with(&facts, None, true, &mut |_| 0, &mut |_| false);
-    let _ = kube_peer_proxy::guard::question(method, path, None);
+    let _ = kube_peer_proxy::request::guard::question(method, path, None);
 });

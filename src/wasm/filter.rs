@@ -1,7 +1,7 @@
 //! The HTTP filter: strips client routing headers, asks [`routing::decide`], and acts on the
 //! answer: continue to the local server, reroute to a peer, answer 503, or let the local server
 //! answer a discovery request and swap its 200 for the merged document. For guarded decisions it
-//! carries out the 404 guard's steps (see [`crate::guard`]): the discovery calls it asks for, and
+//! carries out the 404 guard's steps (see [`crate::request::guard`]): the discovery calls it asks for, and
 //! its verdict (the 404 stands, or becomes a 503).
 //! The serving table lives in a per-VM cache: a request reads only the small generation key, and
 //! the worker's timer decodes a new table before requests need it. The peers' passive-health
@@ -16,14 +16,15 @@ use proxy_wasm::types::{Action, BufferType, MapType};
 
 use super::host::{self, Metrics};
 use crate::config::Config;
-use crate::guard::{Call, Conversation, Step, Target, Verdict};
-use crate::health;
-use crate::identity;
 use crate::metrics;
-use crate::reply::{self, Upstream};
-use crate::routing::{self, Decision, Guard, Gvr, MergedDoc, RequestFacts};
+use crate::passive_health::{self, Marks, Upstream};
+use crate::request::guard::{Call, Conversation, Step, Target, Verdict};
+use crate::request::identity;
+use crate::request::readiness;
+use crate::request::reply;
+use crate::request::response;
+use crate::request::routing::{self, Decision, Guard, Gvr, MergedDoc, RequestFacts};
 use crate::snapshot::{self, Table};
-use crate::status;
 use crate::PEER_PROXIED_HEADER;
 
 /// Set on the 503s the filter answers itself, which already are `Status` documents, so Envoy's
@@ -42,12 +43,10 @@ pub struct Shared {
 struct Cache {
     generation: Option<u64>,
     table: Option<Rc<Table>>,
-    /// Servers (table bits) some filter could not connect to lately (see [`snapshot::down_key`]).
-    down: u64,
-    /// Whether the timer runs; without it, requests read the passive-health marks themselves.
-    timer: bool,
+    /// The passive-health marks of the table's servers (see [`passive_health`]).
+    marks: Marks,
     /// The merged documents published whole (`None`: published in pieces, see
-    /// [`snapshot::WHOLE_LIMIT`]), in [`reply::merged_source`] order.
+    /// [`snapshot::WHOLE_LIMIT`]), in [`response::merged_source`] order.
     docs: [Option<Rc<Vec<u8>>>; 3],
 }
 
@@ -91,34 +90,27 @@ impl Shared {
     /// The worker timer's work: the newest table (shared data is re-read only when the small
     /// generation key moved) and the passive-health marks of its servers.
     pub fn on_tick(&self) {
-        self.cache.borrow_mut().timer = true;
+        self.cache.borrow_mut().marks.timer_runs();
         let table = self.refresh();
-        self.cache.borrow_mut().down = read_marks(table.as_deref());
+        self.cache
+            .borrow_mut()
+            .marks
+            .load(table.as_deref(), &mut host::shared_u64);
     }
 
     fn is_down(&self, index: usize) -> bool {
-        let bit = snapshot::bit(index);
         let cache = self.cache.borrow();
-        if cache.timer {
-            return cache.down & bit != 0;
-        }
-        let Some(server) = cache.table.as_ref().and_then(|t| t.servers.get(index)) else {
-            return false;
-        };
-        host::shared_u64(&snapshot::down_key(server.target())).is_some_and(|t| t != 0)
+        cache
+            .marks
+            .is_down(index, cache.table.as_deref(), &mut host::shared_u64)
     }
 
     /// Marks a server down for every worker (shared data) and at once for this one.
     fn mark_down(&self, target: &str) {
-        host::set_shared(&snapshot::down_key(target), host::now_ms().to_string().as_bytes());
-        let mut cache = self.cache.borrow_mut();
-        if let Some(i) = cache
-            .table
-            .as_ref()
-            .and_then(|t| t.servers.iter().position(|s| s.target() == target))
-        {
-            cache.down |= snapshot::bit(i);
-        }
+        let value = passive_health::mark_value(host::now_ms());
+        host::set_shared(&passive_health::down_key(target), value.as_bytes());
+        let cache = &mut *self.cache.borrow_mut();
+        cache.marks.mark(cache.table.as_deref(), target);
     }
 
     fn refresh(&self) -> Option<Rc<Table>> {
@@ -139,7 +131,7 @@ impl Shared {
         // request needs it. The documents must belong to this table; if the service is mid-write,
         // keep the previous snapshot and look again on the next request or tick.
         let doc = |doc: MergedDoc| -> Option<Option<Rc<Vec<u8>>>> {
-            let (key, index) = reply::merged_source(doc);
+            let (key, index) = response::merged_source(doc);
             let len = table.merged_lengths.get(index).copied().unwrap_or(0);
             if snapshot::is_chunked(len) {
                 return Some(None);
@@ -152,7 +144,7 @@ impl Shared {
         {
             // A new snapshot usually follows a member's change of health (the service clears a
             // recovered member's mark before it publishes): read the marks with it.
-            cache.down = read_marks(Some(&table));
+            cache.marks.load(Some(&table), &mut host::shared_u64);
             cache.generation = Some(table.generation);
             cache.table = Some(Rc::new(table));
             cache.docs = [apis, api, legacy];
@@ -163,7 +155,7 @@ impl Shared {
     /// The body of a merged answer for `table` (the cached one): this VM's copy, or where its
     /// pieces are.
     fn merged(&self, doc: MergedDoc, table: &Table) -> Body {
-        let (key, index) = reply::merged_source(doc);
+        let (key, index) = response::merged_source(doc);
         let cache = self.cache.borrow();
         match cache.docs.get(index).cloned().flatten() {
             Some(whole) => Body::Whole(whole),
@@ -204,17 +196,6 @@ fn assert_client_identity(names: &identity::RequestHeaderNames) -> Result<(), St
     Ok(())
 }
 
-/// The passive-health marks of `table`'s servers, as table bits (see [`snapshot::down_key`]).
-fn read_marks(table: Option<&Table>) -> u64 {
-    let mut down = 0u64;
-    for (i, server) in table.iter().flat_map(|t| t.servers.iter()).enumerate() {
-        if host::shared_u64(&snapshot::down_key(server.target())).is_some_and(|t| t != 0) {
-            down |= snapshot::bit(i);
-        }
-    }
-    down
-}
-
 pub struct PeerProxy {
     shared: Rc<Shared>,
     /// Set when this request was sent to a peer: what for, and which target (cluster or address).
@@ -227,7 +208,7 @@ pub struct PeerProxy {
     asking: Option<Asking>,
 }
 
-/// A 404's conversation (see [`crate::guard`]) and the host's token of each call it made.
+/// A 404's conversation (see [`crate::request::guard`]) and the host's token of each call it made.
 struct Asking {
     conversation: Conversation,
     tokens: Vec<(u32, usize)>,
@@ -305,7 +286,7 @@ impl PeerProxy {
     }
 
     /// Response headers of a guarded request: a 404 is judged, from its headers when they settle
-    /// it, else while the headers wait for discovery answers (see [`crate::guard`]).
+    /// it, else while the headers wait for discovery answers (see [`crate::request::guard`]).
     fn guard_response_headers(&mut self, status: &str) -> Action {
         let Some((guard, target)) = self.guard.take().filter(|_| status == "404") else {
             return Action::Continue;
@@ -374,7 +355,7 @@ impl PeerProxy {
     /// client's 503 and the apiserver's audit event of that 404 can be matched.
     fn guarded_503(&mut self, gvr: &Gvr) -> Action {
         log::info!("kube-peer-proxy: a 404 for {gvr:?} might be false; answering 503");
-        let body = status::guarded_not_found(gvr, self.shared.config.retry_after_seconds);
+        let body = reply::guarded_not_found(gvr, self.shared.config.retry_after_seconds);
         let audit_id = host::header(MapType::HttpResponseHeaders, "audit-id");
         self.service_unavailable("guarded_not_found", gvr, body, audit_id.as_deref())
     }
@@ -405,7 +386,7 @@ impl PeerProxy {
         self.reply(503, headers, Some(&body))
     }
 
-    /// A load balancer's readiness check before the first snapshot (see [`health`]).
+    /// A load balancer's readiness check before the first snapshot (see [`readiness`]).
     fn not_ready(&self, body: &[u8]) -> Action {
         let headers = vec![
             ("content-type", "text/plain; charset=utf-8"),
@@ -428,7 +409,7 @@ impl PeerProxy {
         let Some(m) = self.merged.as_mut() else { return };
         let resp = MapType::HttpResponseHeaders;
         let status = status.parse().unwrap_or(0);
-        let Some(h) = reply::merged_headers(m.doc, &m.table, m.if_none_match.as_deref(), status) else {
+        let Some(h) = response::merged_headers(m.doc, &m.table, m.if_none_match.as_deref(), status) else {
             // 401, 403, 406, ...: the local server's verdict stands.
             self.merged = None;
             return;
@@ -506,8 +487,8 @@ impl HttpContext for PeerProxy {
             peer_proxied: proxied.as_deref(),
         };
         let table = self.shared.table();
-        // A load balancer's readiness check before the first snapshot: not ready (see [`health`]).
-        if let Some(body) = health::not_ready(&method, &path, table.is_some()) {
+        // A load balancer's readiness check before the first snapshot: not ready (see [`readiness`]).
+        if let Some(body) = readiness::not_ready(&method, &path, table.is_some()) {
             log::debug!("kube-peer-proxy: {method} {path}: not ready, no discovery snapshot yet");
             return self.not_ready(&body);
         }
@@ -526,7 +507,7 @@ impl HttpContext for PeerProxy {
                 Action::Continue
             }
             Decision::Unavailable { gvr } => {
-                let body = status::peer_unavailable(&gvr, config.retry_after_seconds);
+                let body = reply::peer_unavailable(&gvr, config.retry_after_seconds);
                 self.service_unavailable("peer_unavailable", &gvr, body, None)
             }
             Decision::Merged(doc) => {
@@ -597,7 +578,7 @@ impl PeerProxy {
             return Ok(());
         };
         log::warn!("kube-peer-proxy: refusing a request: {message}");
-        let body = status::unauthorized(&message);
+        let body = reply::unauthorized(&message);
         let headers = vec![("content-type", "application/json"), (FILTER_REPLY_HEADER, "true")];
         Err(self.reply(401, headers, Some(&body)))
     }
@@ -662,8 +643,8 @@ impl PeerProxy {
         self.inc(metrics::REROUTED, &labels);
         // A reply Envoy made itself (connect failure, timeout) means the peer was not reached.
         // Envoy's own replies are 5xx, so an answer below 500 needs no property read.
-        let upstream = if reply::maybe_envoy_reply(code) {
-            reply::upstream(&host::property(&["response", "code_details"]).unwrap_or_default())
+        let upstream = if passive_health::maybe_envoy_reply(code) {
+            passive_health::upstream(&host::property(&["response", "code_details"]).unwrap_or_default())
         } else {
             Upstream::Answered
         };

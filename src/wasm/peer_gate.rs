@@ -11,8 +11,8 @@ use proxy_wasm::types::{Action, MetricType};
 
 use super::host;
 use crate::config::PeerGateConfig;
-use crate::identity;
-use crate::status;
+use crate::request::identity;
+use crate::request::reply;
 
 /// Requests the gate refused (certificate subject not allowed).
 pub const REFUSED: &str = "kube_peer_proxy_peer_listener_refused_total";
@@ -46,7 +46,7 @@ impl HttpContext for Gate {
             let _ = hostcalls::increment_metric(id, 1);
         }
         // kube-apiserver answers such a certificate with 401 as well.
-        let body = status::unauthorized("the client certificate is not an allowed front proxy");
+        let body = reply::unauthorized("the client certificate is not an allowed front proxy");
         if let Err(e) = hostcalls::send_http_response(401, vec![("content-type", "application/json")], Some(&body)) {
             log::error!("kube-peer-proxy: cannot send local reply: {e:?}");
         }

@@ -12,6 +12,7 @@ use super::host::{self, Metrics};
 use crate::config::Config;
 use crate::discovery::sync::{answers, Outcome, Publish, Step, Syncer};
 use crate::metrics;
+use crate::passive_health;
 use crate::snapshot;
 
 pub struct Service {
@@ -43,13 +44,9 @@ impl Service {
 
     /// A peer that answered discovery after a filter marked it down is reachable again.
     fn clear_recovered_down_marks(&self) {
-        for (target, last_success) in self.syncer.answering_clusters() {
-            let key = snapshot::down_key(target);
-            let mark = host::shared_u64(&key).unwrap_or(0);
-            if mark != 0 && last_success > mark {
-                log::info!("kube-peer-proxy: {target} answers again; routing to it resumes");
-                host::set_shared(&key, b"0");
-            }
+        for (target, key) in passive_health::recovered(self.syncer.answering_clusters(), &mut host::shared_u64) {
+            log::info!("kube-peer-proxy: {target} answers again; routing to it resumes");
+            host::set_shared(&key, passive_health::CLEARED);
         }
     }
 

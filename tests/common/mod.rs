@@ -132,21 +132,23 @@ pub fn resource_request(
     resource: &'static str,
     name: &str,
     subresource: &'static str,
-) -> kube_peer_proxy::request_info::RequestKind<'static> {
-    kube_peer_proxy::request_info::RequestKind::Resource(kube_peer_proxy::request_info::ResourceRequest {
-        verb: verb.to_string(),
-        group,
-        version,
-        namespace,
-        resource,
-        name: name.to_string(),
-        subresource,
-    })
+) -> kube_peer_proxy::request::request_info::RequestKind<'static> {
+    kube_peer_proxy::request::request_info::RequestKind::Resource(
+        kube_peer_proxy::request::request_info::ResourceRequest {
+            verb: verb.to_string(),
+            group,
+            version,
+            namespace,
+            resource,
+            name: name.to_string(),
+            subresource,
+        },
+    )
 }
 
 /// A non-resource request as `request_info::parse` returns it.
 pub fn non_resource(
-    n: kube_peer_proxy::request_info::NonResource<'static>,
-) -> kube_peer_proxy::request_info::RequestKind<'static> {
-    kube_peer_proxy::request_info::RequestKind::NonResource(n)
+    n: kube_peer_proxy::request::request_info::NonResource<'static>,
+) -> kube_peer_proxy::request::request_info::RequestKind<'static> {
+    kube_peer_proxy::request::request_info::RequestKind::NonResource(n)
 }

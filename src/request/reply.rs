@@ -1,6 +1,6 @@
 //! Kubernetes `Status` bodies for the replies the filter makes itself.
 
-fn what(gvr: &crate::routing::Gvr) -> String {
+fn what(gvr: &crate::request::routing::Gvr) -> String {
     [gvr.group.as_str(), gvr.version.as_str(), gvr.resource.as_str()]
         .iter()
         .filter(|s| !s.is_empty())
@@ -12,7 +12,7 @@ fn what(gvr: &crate::routing::Gvr) -> String {
 /// 503 when the only servers that serve a resource are unreachable right now (or their data is
 /// stale): the resource exists in the cluster, so a 404 would be false (upstream's KEP:
 /// "unreachable resources must be 503").
-pub fn peer_unavailable(gvr: &crate::routing::Gvr, retry_after_seconds: u32) -> Vec<u8> {
+pub fn peer_unavailable(gvr: &crate::request::routing::Gvr, retry_after_seconds: u32) -> Vec<u8> {
     let what = what(gvr);
     serde_json::json!({
         "kind": "Status",
@@ -30,7 +30,7 @@ pub fn peer_unavailable(gvr: &crate::routing::Gvr, retry_after_seconds: u32) -> 
 
 /// 503 in place of an apiserver's "not served here" 404 while that 404 might be false: a peer is
 /// known to serve the resource, or some apiserver's API set is not known yet.
-pub fn guarded_not_found(gvr: &crate::routing::Gvr, retry_after_seconds: u32) -> Vec<u8> {
+pub fn guarded_not_found(gvr: &crate::request::routing::Gvr, retry_after_seconds: u32) -> Vec<u8> {
     let what = what(gvr);
     serde_json::json!({
         "kind": "Status",

@@ -4,8 +4,8 @@
 //! type-404 guarded while a 404 might be false, subresource-aware routing, peer-aggregated `/api`,
 //! and forwarding per-group discovery.
 
-use crate::accept::{self, DiscoveryChoice};
-use crate::request_info::{self, NonResource, RequestKind};
+use crate::request::accept::{self, DiscoveryChoice};
+use crate::request::request_info::{self, NonResource, RequestKind};
 use crate::snapshot::{self, Table};
 
 /// The request headers the decision reads.
@@ -44,7 +44,7 @@ pub enum Decision {
     /// ([`Route::guard`], [`Mode::Verified`]).
     Local(LocalReason),
     /// Let the request continue to the local apiserver, but a 404 meaning "this resource type is
-    /// not served here" (see [`crate::not_found`]) becomes a 503: a peer is known to serve it, or
+    /// not served here" (see [`crate::request::not_found`]) becomes a 503: a peer is known to serve it, or
     /// some member's API set is unknown, so that 404 might be false.
     Guarded { reason: LocalReason, gvr: Gvr },
     /// Send to `servers[index]` of the table (its type-404 is guarded the same way: the table said
@@ -57,7 +57,7 @@ pub enum Decision {
     Merged(MergedDoc),
 }
 
-/// How a "type not served here" 404 is judged (see [`crate::guard`]).
+/// How a "type not served here" 404 is judged (see [`crate::request::guard`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// It becomes a 503 without asking anyone else.
@@ -66,7 +66,7 @@ pub enum Mode {
     Verified,
 }
 
-/// What the 404 guard ([`crate::guard`]) needs of a request, decided with its routing (so the
+/// What the 404 guard ([`crate::request::guard`]) needs of a request, decided with its routing (so the
 /// path is parsed once and the mode is chosen where the table is read).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Guard {
@@ -133,7 +133,7 @@ impl Subject {
     }
 }
 
-/// A decision and, for a request whose 404 is guarded, what the guard needs (see [`crate::guard`]):
+/// A decision and, for a request whose 404 is guarded, what the guard needs (see [`crate::request::guard`]):
 /// the filter acts on this, so it never parses the path again nor infers the mode.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {

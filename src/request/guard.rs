@@ -11,7 +11,7 @@
 //!   With more than [`MAX_ASKED`] other members the 404 is a 503 without asking.
 //!
 //! A 404 for a missing object always stands. kube-apiserver writes "not served here" two ways (see
-//! [`crate::not_found`] for the sources): the not-found handler's `text/plain` 404 (unknown
+//! [`crate::request::not_found`] for the sources): the not-found handler's `text/plain` 404 (unknown
 //! group/version or CRD version), which settles it from the headers, and go-restful's `Status` 404
 //! for an unknown resource of a served group/version, which looks like an object's 404 from the
 //! headers. Envoy never shows a proxy-wasm filter a response body before it has released the
@@ -26,9 +26,9 @@
 
 use crate::config::Config;
 use crate::discovery::documents;
-use crate::not_found::{self, NotFound};
-use crate::request_info;
-use crate::routing::{Guard, Gvr, Kind, Mode, Subject};
+use crate::request::not_found::{self, NotFound};
+use crate::request::request_info;
+use crate::request::routing::{Guard, Gvr, Kind, Mode, Subject};
 use crate::snapshot::{self, Table};
 use crate::PEER_PROXIED_HEADER;
 
@@ -49,7 +49,7 @@ pub struct Question {
 
 /// The question a 404 asks about `subject`, with the table at the time of the 404. A subresource
 /// is asked about as such if some server is known to serve it or some member's API set is
-/// unknown; otherwise the request was routed on its parent resource (see [`crate::routing`]) and
+/// unknown; otherwise the request was routed on its parent resource (see [`crate::request::routing`]) and
 /// the parent is asked about.
 pub fn question_about(subject: &Subject, table: Option<&Table>) -> Question {
     let g = &subject.gvr;

@@ -1,9 +1,8 @@
-//! Pure decisions about responses that the host adapters used to make inline: the headers of a
-//! merged discovery answer (and when it is a 304), what Envoy's `response.code_details` says about
-//! a rerouted request.
+//! The response phase of the request walk, decided here and carried out by the filter: the headers
+//! of a merged discovery answer (and when it is a 304), and where its body is published.
 
 use crate::discovery::documents::CONTENT_TYPE_V2;
-use crate::routing::MergedDoc;
+use crate::request::routing::MergedDoc;
 use crate::snapshot::Table;
 
 /// Where a merged document is published: its shared-data key and its index in
@@ -52,32 +51,4 @@ pub fn merged_headers(
         etag: etag.clone(),
         label,
     })
-}
-
-/// What Envoy's `response.code_details` says about a rerouted request's answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Upstream {
-    /// The peer answered (`via_upstream`, or nothing recorded).
-    Answered,
-    /// Envoy could not connect to the peer: mark it down until it answers discovery again.
-    ConnectFailure,
-    /// Envoy answered itself for another reason (timeout, reset, overflow, ...).
-    EnvoyReply,
-}
-
-/// Whether an answer with this `:status` can be one Envoy made itself for a rerouted request
-/// (connect failure, timeout, reset, overflow: all 5xx). Below 500 the peer answered, and the
-/// filter skips reading `response.code_details` (a property read is one of the dearer host calls).
-pub fn maybe_envoy_reply(status: &str) -> bool {
-    status.parse::<u16>().map_or(true, |s| s >= 500)
-}
-
-pub fn upstream(code_details: &str) -> Upstream {
-    if code_details.contains("connection_failure") {
-        Upstream::ConnectFailure
-    } else if code_details.is_empty() || code_details == "via_upstream" {
-        Upstream::Answered
-    } else {
-        Upstream::EnvoyReply
-    }
 }

@@ -1,0 +1,129 @@
+//! Passive health, the whole cycle in one place; shared by both walks (only the adapters in
+//! `src/wasm/` read or write the shared data, with the keys and values decided here).
+//!
+//! * **Mark**: a filter that rerouted a request to a peer and got Envoy's own reply for a connect
+//!   failure ([`upstream`] of `response.code_details`) writes the time (ms) under [`down_key`] of
+//!   that peer's target, and sets the peer's bit in its own [`Marks`] at once.
+//! * **Read**: every worker reads the marks of its table's servers ([`read_marks`]) on its timer
+//!   and with each new table, so a request reads no shared data for them; routing asks
+//!   [`Marks::is_down`] only about peers that serve the request.
+//! * **Clear**: the discovery service writes [`CLEARED`] when the marked peer answered a discovery
+//!   round after the mark ([`recovered`]), before it publishes the snapshot that shows it healthy.
+//!
+//! A mark is separate from the table's `unhealthy` set, which the discovery walk sets itself when a
+//! discovery call cannot connect.
+
+use crate::snapshot::{bit, Table};
+
+/// Where the mark of `target` ([`crate::snapshot::ServerRef::target`]: the cluster, or the address
+/// of a peer learned from a lease) lives in shared data: the time of the mark (ms), or `0`.
+pub fn down_key(target: &str) -> String {
+    format!("kube-peer-proxy.v1/down/{target}")
+}
+
+/// The value of a cleared mark.
+pub const CLEARED: &[u8] = b"0";
+
+/// The value a mark is written with.
+pub fn mark_value(now_ms: u64) -> String {
+    now_ms.to_string()
+}
+
+/// Whether a value read under [`down_key`] is a mark (absent or `0`: not marked).
+pub fn is_marked(value: Option<u64>) -> bool {
+    value.is_some_and(|t| t != 0)
+}
+
+/// What Envoy's `response.code_details` says about a rerouted request's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Upstream {
+    /// The peer answered (`via_upstream`, or nothing recorded).
+    Answered,
+    /// Envoy could not connect to the peer: mark it down until it answers discovery again.
+    ConnectFailure,
+    /// Envoy answered itself for another reason (timeout, reset, overflow, ...).
+    EnvoyReply,
+}
+
+/// Whether an answer with this `:status` can be one Envoy made itself for a rerouted request
+/// (connect failure, timeout, reset, overflow: all 5xx). Below 500 the peer answered, and the
+/// filter skips reading `response.code_details` (a property read is one of the dearer host calls).
+pub fn maybe_envoy_reply(status: &str) -> bool {
+    status.parse::<u16>().map_or(true, |s| s >= 500)
+}
+
+pub fn upstream(code_details: &str) -> Upstream {
+    if code_details.contains("connection_failure") {
+        Upstream::ConnectFailure
+    } else if code_details.is_empty() || code_details == "via_upstream" {
+        Upstream::Answered
+    } else {
+        Upstream::EnvoyReply
+    }
+}
+
+/// The marks of `table`'s servers as table bits; `read(key)` is the shared-data value under a key.
+pub fn read_marks(table: Option<&Table>, read: &mut dyn FnMut(&str) -> Option<u64>) -> u64 {
+    let mut down = 0u64;
+    for (i, server) in table.iter().flat_map(|t| t.servers.iter()).enumerate() {
+        if is_marked(read(&down_key(server.target()))) {
+            down |= bit(i);
+        }
+    }
+    down
+}
+
+/// The marks the discovery service clears: `(target, key)` of each server in `answering`
+/// (`(target, last answer ms)`, see [`crate::discovery::sync::Syncer::answering_clusters`]) whose
+/// mark is older than its last answer. A mark made after that answer stays.
+pub fn recovered<'a>(
+    answering: impl Iterator<Item = (&'a str, u64)>,
+    read: &mut dyn FnMut(&str) -> Option<u64>,
+) -> Vec<(&'a str, String)> {
+    answering
+        .filter_map(|(target, last_success)| {
+            let key = down_key(target);
+            let mark = read(&key).unwrap_or(0);
+            (mark != 0 && last_success > mark).then_some((target, key))
+        })
+        .collect()
+}
+
+/// One worker's view of the marks.
+#[derive(Debug, Default, Clone)]
+pub struct Marks {
+    /// Servers (table bits) some filter could not connect to lately.
+    down: u64,
+    /// Whether the worker's timer reads the marks; without it, each question reads shared data.
+    timer: bool,
+}
+
+impl Marks {
+    /// The marks read for `table` (on the timer, or with a new table).
+    pub fn load(&mut self, table: Option<&Table>, read: &mut dyn FnMut(&str) -> Option<u64>) {
+        self.down = read_marks(table, read);
+    }
+
+    /// The worker's timer runs: from now on the bits it reads are the answer.
+    pub fn timer_runs(&mut self) {
+        self.timer = true;
+    }
+
+    /// Whether `table.servers[index]` is marked down.
+    pub fn is_down(&self, index: usize, table: Option<&Table>, read: &mut dyn FnMut(&str) -> Option<u64>) -> bool {
+        if self.timer {
+            return self.down & bit(index) != 0;
+        }
+        let Some(server) = table.and_then(|t| t.servers.get(index)) else {
+            return false;
+        };
+        is_marked(read(&down_key(server.target())))
+    }
+
+    /// This worker marked `target` down (the shared mark is the adapter's to write).
+    pub fn mark(&mut self, table: Option<&Table>, target: &str) {
+        if let Some(i) = table.and_then(|t| t.servers.iter().position(|s| s.target() == target)) {
+            self.down |= bit(i);
+        }
+    }
+}
