@@ -551,6 +551,20 @@ impl RequestHeaderNames {
         self.is_identity_header(name) || eq_fold(name, REAL_IP_HEADER)
     }
 
+    /// What the filter asserts for a request's verified client certificate (`subject`: Envoy's
+    /// `connection.subject_peer_certificate`; `None` or empty without one): the headers to add, none
+    /// without a certificate or without a CN (kube-apiserver would not authenticate that certificate
+    /// either); `Err` (a 401) when the identity cannot be asserted faithfully.
+    pub fn assertion(&self, subject: Option<&str>) -> Result<Vec<(String, String)>, String> {
+        let Some(subject) = subject.filter(|s| !s.is_empty()) else {
+            return Ok(Vec::new());
+        };
+        match from_subject(subject).map_err(|e| format!("client certificate subject {subject:?}: {e}"))? {
+            Some(id) => self.assert(&id),
+            None => Ok(Vec::new()),
+        }
+    }
+
     /// The headers to add upstream for an identity: (first username header, user), (first UID
     /// header, UID) when the certificate carries one, and one (first group header, group) per
     /// non-empty group, in order; names lower-case. Fails (and nothing may be asserted) when the user

@@ -26,6 +26,33 @@ pub struct MergedHeaders {
     pub label: &'static str,
 }
 
+impl MergedHeaders {
+    /// The response header edits, in order (`None` removes): the local answer's length goes (the
+    /// body is replaced), then the merged document's headers, then `:status` for a 304.
+    pub fn edits(&self) -> Vec<(&'static str, Option<&str>)> {
+        let mut edits = vec![
+            ("content-length", None),
+            ("content-type", Some(self.content_type)),
+            ("etag", Some(self.etag.as_str())),
+            ("vary", Some("Accept")),
+            ("cache-control", Some("public")),
+        ];
+        if self.status == 304 {
+            edits.push((":status", Some("304")));
+        }
+        edits
+    }
+
+    /// The `code` label of `merged_discovery_responses_total`.
+    pub fn code(&self) -> &'static str {
+        if self.status == 304 {
+            "304"
+        } else {
+            "200"
+        }
+    }
+}
+
 /// The reply to a merged discovery request once the local server answered `local_status`: `None`
 /// keeps the local answer (401, 403, 406, ...: the apiserver's verdict stands). `Vary: Accept` and
 /// `Cache-Control: public` always go with it, as upstream's peer-aggregated handler sets them.

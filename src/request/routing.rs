@@ -1,6 +1,9 @@
 //! The routing decision, in the order of upstream `peerproxy_handler.go` `WrapHandler`
-//! (`staging/src/k8s.io/apiserver/pkg/util/peerproxy/peerproxy_handler.go`) plus the differences we
-//! choose on purpose: membership separate from freshness, the local server first with its
+//! (`staging/src/k8s.io/apiserver/pkg/util/peerproxy/peerproxy_handler.go`): [`route`] is its
+//! steps, each a named function after the upstream check it mirrors (the peer-proxied header,
+//! `RequestInfoFrom` and `IsResourceRequest`, `HasFinishedSync`, `shouldServeLocally`,
+//! `findServiceableByPeerFromPeerDiscoveryCache`, `resolveServingLocation`, `rand.Intn`), plus the
+//! differences we choose on purpose: membership separate from freshness, the local server first with its
 //! type-404 guarded while a 404 might be false, subresource-aware routing, peer-aggregated `/api`,
 //! and forwarding per-group discovery.
 
@@ -228,29 +231,66 @@ pub fn route(
     pick: &mut dyn FnMut(usize) -> usize,
     is_down: &mut dyn FnMut(usize) -> bool,
 ) -> Route {
-    // Loop prevention first: a forwarded request (or a discovery fetch from a peer's proxy) is
-    // always served by the local apiserver with its own view.
-    if req.peer_proxied.is_some_and(|v| v == "true") {
+    // Upstream checks the header after `IsResourceRequest`; both end local, and this one needs no
+    // parse, so it comes first.
+    if already_proxied(req) {
         return Route::stands(Decision::Local(LocalReason::AlreadyProxied));
     }
+    // `apirequest.RequestInfoFrom`.
     let mut decoded = String::new();
     let kind = request_info::parse_decoded(req.method, req.path, &mut decoded);
-    let subject = match &kind {
-        RequestKind::Invalid => return Route::stands(Decision::Local(LocalReason::Invalid)),
-        RequestKind::NonResource(nr @ (NonResource::ApisRoot | NonResource::ApiRoot)) => {
-            return Route::stands(root_discovery(nr, req, table, merged_discovery))
-        }
-        _ => match Subject::of(&kind) {
-            Some(subject) => subject,
-            None => return Route::stands(Decision::Local(LocalReason::NonResource)),
-        },
+    let subject = match subject(&kind, req, table, merged_discovery) {
+        Ok(subject) => subject,
+        Err(decision) => return Route::stands(decision),
     };
     let Some(table) = table else {
-        return Route::local(LocalReason::NoSnapshot, true, subject);
+        return not_synced(subject);
     };
+    serve_or_proxy(subject, table, pick, is_down)
+}
+
+/// Step 1, upstream's `r.Header.Get(PeerProxiedHeader) == "true"`: a forwarded request (or a
+/// discovery fetch from a peer's proxy) is always served by the local apiserver with its own view.
+fn already_proxied(req: &RequestFacts) -> bool {
+    req.peer_proxied.is_some_and(|v| v == "true")
+}
+
+/// Upstream's `!requestInfo.IsResourceRequest`, widened: what a request is about, or (`Err`) its
+/// decision, which stands, when it is not routed by the table: an invalid path, a non-resource path, and `/api` and
+/// `/apis` (step 2, [`root_discovery`]). Discovery documents of a group or group/version are routed
+/// like resources (upstream serves them locally).
+fn subject(
+    kind: &RequestKind,
+    req: &RequestFacts,
+    table: Option<&Table>,
+    merged_discovery: bool,
+) -> Result<Subject, Decision> {
+    match kind {
+        RequestKind::Invalid => Err(Decision::Local(LocalReason::Invalid)),
+        RequestKind::NonResource(nr @ (NonResource::ApisRoot | NonResource::ApiRoot)) => {
+            Err(root_discovery(nr, req, table, merged_discovery))
+        }
+        _ => Subject::of(kind).ok_or(Decision::Local(LocalReason::NonResource)),
+    }
+}
+
+/// Upstream's `!h.HasFinishedSync()`: no snapshot yet, nothing is known, so the local server
+/// answers and its type-404s are strict.
+fn not_synced(subject: Subject) -> Route {
+    Route::local(LocalReason::NoSnapshot, true, subject)
+}
+
+/// Steps 3 to 7: upstream's `shouldServeLocally`, `findServiceableByPeerFromPeerDiscoveryCache`,
+/// `resolveServingLocation` and `rand.Intn`, on the request's own table key and then (for a
+/// subresource nobody is known to serve) its parent's.
+fn serve_or_proxy(
+    subject: Subject,
+    table: &Table,
+    pick: &mut dyn FnMut(usize) -> usize,
+    is_down: &mut dyn FnMut(usize) -> bool,
+) -> Route {
     let local = table.local_mask();
     let incomplete = table.incomplete(&subject.gvr.group, &subject.gvr.version);
-    let routable = table.fresh(&subject.gvr.group) & !local & !table.unhealthy;
     let (local_key, fallback_key) = subject.keys();
     for (nth, key) in std::iter::once(&local_key).chain(fallback_key.as_ref()).enumerate() {
         let servers = table.servers_for(key);
@@ -259,15 +299,11 @@ pub fn route(
         }
         // On the parent of a subresource nobody serves, a 404 is about that subresource: peers
         // serving the parent do not make it false.
-        let peers_serve = nth == 0 && servers & !local != 0;
-        // The local server's data is trusted only while it answers discovery: right after it
-        // restarts (perhaps as another version) its old data may claim resources it no longer serves.
-        if servers & local & !table.unhealthy != 0 {
-            return Route::local(LocalReason::ServedLocally, peers_serve || incomplete, subject);
+        let strict = incomplete || (nth == 0 && servers & !local != 0);
+        if serves_locally(table, servers) {
+            return Route::local(LocalReason::ServedLocally, strict, subject);
         }
-        let healthy: Vec<usize> = bits(servers & routable).filter(|i| !is_down(*i)).collect();
-        if let Some(nth) = healthy.len().checked_sub(1).map(|last| pick(healthy.len()).min(last)) {
-            let index = healthy.get(nth).copied().unwrap_or(0);
+        if let Some(index) = pick_peer(table, servers, &subject, pick, is_down) {
             let gvr = subject.gvr.clone();
             return Route {
                 decision: Decision::Peer { index, gvr },
@@ -277,12 +313,37 @@ pub fn route(
                 }),
             };
         }
+        // Step 5: the local server is known to serve it, though it did not answer its last round.
         if servers & local != 0 {
-            return Route::local(LocalReason::ServedLocally, peers_serve || incomplete, subject);
+            return Route::local(LocalReason::ServedLocally, strict, subject);
         }
+        // Step 6, upstream's `resolveServingLocation` error: 503.
         return Route::stands(Decision::Unavailable { gvr: subject.gvr });
     }
+    // Step 7, upstream's "gvr %v is not served by anything in this cluster": local.
     Route::local(LocalReason::NotServedAnywhere, incomplete, subject)
+}
+
+/// Step 3, upstream's `shouldServeLocally`: the local server serves it and answers discovery. Its
+/// data is trusted only while it answers: right after it restarts (perhaps as another version) its
+/// old data may claim resources it no longer serves.
+fn serves_locally(table: &Table, servers: u64) -> bool {
+    servers & table.local_mask() & !table.unhealthy != 0
+}
+
+/// Step 4, upstream's `findServiceableByPeerFromPeerDiscoveryCache` then `rand.Intn`: a random one
+/// of the fresh, reachable peers that serve it and are not marked down by passive health.
+fn pick_peer(
+    table: &Table,
+    servers: u64,
+    subject: &Subject,
+    pick: &mut dyn FnMut(usize) -> usize,
+    is_down: &mut dyn FnMut(usize) -> bool,
+) -> Option<usize> {
+    let routable = table.fresh(&subject.gvr.group) & !table.local_mask() & !table.unhealthy;
+    let healthy: Vec<usize> = bits(servers & routable).filter(|i| !is_down(*i)).collect();
+    let nth = healthy.len().checked_sub(1).map(|last| pick(healthy.len()).min(last))?;
+    Some(healthy.get(nth).copied().unwrap_or(0))
 }
 
 /// Step 2: `/api` and `/apis`.

@@ -3,10 +3,13 @@
 //! listener's gate (`kube-peer-proxy-peer-gate`) and the HTTP filter (any other root id). The
 //! service and the filter share data through the same `vm_id`.
 
+mod asking;
 mod filter;
 mod host;
+mod merged;
 mod peer_gate;
 mod service;
+mod worker;
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -31,7 +34,7 @@ fn tick_period(config: &Config) -> Duration {
 
 enum Role {
     Unconfigured,
-    Filter(Rc<filter::Shared>),
+    Filter(Rc<worker::Shared>),
     Service(Box<service::Service>),
     PeerGate(Rc<PeerGateConfig>, Option<u32>),
 }
@@ -91,7 +94,7 @@ impl RootContext for Root {
             if let Err(e) = proxy_wasm::hostcalls::set_tick_period(tick_period(&config)) {
                 log::warn!("kube-peer-proxy: no filter timer ({e:?}); snapshots load on requests only");
             }
-            self.role = Role::Filter(Rc::new(filter::Shared::new(config, self.context_id)));
+            self.role = Role::Filter(Rc::new(worker::Shared::new(config, self.context_id)));
         }
         true
     }

@@ -1,0 +1,130 @@
+//! A merged discovery answer (see [`crate::request::response`]): the local server answers the
+//! request first (authenticating and authorizing it as usual), and only its 200 is replaced by the
+//! merged document of the table the request was routed with, whole or piece by piece.
+
+use std::rc::Rc;
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::{BufferType, MapType};
+
+use super::host;
+use super::worker::Shared;
+use crate::metrics;
+use crate::request::forward;
+use crate::request::response;
+use crate::request::routing::MergedDoc;
+use crate::snapshot::{self, Table};
+
+/// A merged discovery answer waiting for the local apiserver's verdict: the local server
+/// authenticates and authorizes the request as usual, and only its 200 is replaced.
+pub struct MergedReply {
+    doc: MergedDoc,
+    table: Rc<Table>,
+    /// The document of `table`'s generation, taken with it: the VM may load a newer snapshot
+    /// before the local server answers, and the body must match the ETag sent.
+    source: Body,
+    if_none_match: Option<String>,
+    /// Headers were rewritten; the local body is being swapped for `body`.
+    body: Option<Body>,
+}
+
+impl MergedReply {
+    /// A merged discovery request: the client's `If-None-Match` is kept for the merged answer and
+    /// removed, so the local server answers in full (not 304 on its own ETag).
+    pub fn start(shared: &Shared, doc: MergedDoc, table: Rc<Table>) -> MergedReply {
+        let req = MapType::HttpRequestHeaders;
+        let if_none_match = host::header(req, forward::MERGED_REQUEST_DROPS);
+        if if_none_match.is_some() {
+            host::set_header(req, forward::MERGED_REQUEST_DROPS, None);
+        }
+        let source = shared.merged(doc, &table);
+        MergedReply {
+            doc,
+            table,
+            source,
+            if_none_match,
+            body: None,
+        }
+    }
+
+    /// The local server's response headers: on its 200, the merged document's headers (or a 304
+    /// when the client already has it). `false`: any other answer, which stands.
+    pub fn on_headers(&mut self, shared: &Shared, status: &str) -> bool {
+        let local_status = status.parse().unwrap_or(0);
+        let Some(h) = response::merged_headers(self.doc, &self.table, self.if_none_match.as_deref(), local_status)
+        else {
+            return false;
+        };
+        self.body = Some(if h.status == 304 {
+            Body::Whole(Rc::new(Vec::new()))
+        } else {
+            self.source.clone()
+        });
+        for (name, value) in h.edits() {
+            host::set_header(MapType::HttpResponseHeaders, name, value);
+        }
+        shared.inc(metrics::MERGED_RESPONSES, &[("doc", h.label), ("code", h.code())]);
+        true
+    }
+
+    /// A chunk of the local body: dropped (nothing is buffered), and at the end ours is written.
+    /// `true` once it is.
+    pub fn on_body(&self, body_size: usize, end_of_stream: bool) -> bool {
+        let Some(body) = &self.body else { return false };
+        if !end_of_stream {
+            if let Err(e) = hostcalls::set_buffer(BufferType::HttpResponseBody, 0, body_size, &[]) {
+                log::error!("kube-peer-proxy: cannot drop the local discovery body: {e:?}");
+            }
+            return false;
+        }
+        body.write(body_size);
+        true
+    }
+}
+
+/// A merged answer's body: the VM's copy, or a document published in pieces, copied into the
+/// response one piece at a time (see [`snapshot::WHOLE_LIMIT`]).
+#[derive(Clone)]
+pub enum Body {
+    Whole(Rc<Vec<u8>>),
+    Pieces {
+        key: &'static str,
+        generation: u64,
+        len: u64,
+    },
+}
+
+impl Body {
+    /// Replaces the response body (`size` bytes of the local answer's last chunk) with this one.
+    pub fn write(&self, size: usize) {
+        let (key, generation, len) = match self {
+            Body::Whole(doc) => {
+                if let Err(e) = hostcalls::set_buffer(BufferType::HttpResponseBody, 0, size, doc) {
+                    log::error!("kube-peer-proxy: cannot replace the discovery body: {e:?}");
+                }
+                return;
+            }
+            Body::Pieces { key, generation, len } => (*key, *generation, *len),
+        };
+        let mut written = 0usize;
+        for i in 0..snapshot::chunk_count(len) {
+            let piece =
+                host::shared(&snapshot::chunk_key(key, generation, i)).and_then(|v| snapshot::untag(generation, v));
+            let Some(piece) = piece else {
+                // Only if two newer snapshots were published while this loop ran (each takes a
+                // discovery round): the body stays short, and the client's JSON decoder says so.
+                log::error!(
+                    "kube-peer-proxy: piece {i} of {key} generation {generation} is gone; the answer is cut short"
+                );
+                return;
+            };
+            // The first piece replaces the local chunk; the next ones are appended.
+            let (start, drop) = if i == 0 { (0, size) } else { (written, 0) };
+            if let Err(e) = hostcalls::set_buffer(BufferType::HttpResponseBody, start, drop, &piece) {
+                log::error!("kube-peer-proxy: cannot write the discovery body: {e:?}");
+                return;
+            }
+            written += piece.len();
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! The per-VM state of the HTTP filter, shared by every request on a worker: the serving table in a
+//! cache (a request reads only the small generation key, and the worker's timer decodes a new table
+//! before requests need it), the peers' passive-health marks (read on the timer too, so a request to
+//! a peer reads no shared data), this VM's copies of the merged documents, and metric ids.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::Action;
+
+use super::host::{self, Metrics};
+use super::merged::Body;
+use crate::config::Config;
+use crate::metrics;
+use crate::passive_health::{self, Marks};
+use crate::request::guard::Target;
+use crate::request::reply::LocalReply;
+use crate::request::response;
+use crate::request::routing::Gvr;
+use crate::request::routing::MergedDoc;
+use crate::snapshot::{self, Table};
+
+/// Per-VM state shared by every request on this worker.
+pub struct Shared {
+    pub config: Config,
+    cache: RefCell<Cache>,
+    metrics: RefCell<Metrics>,
+    rng: Cell<u64>,
+}
+
+#[derive(Default)]
+struct Cache {
+    generation: Option<u64>,
+    table: Option<Rc<Table>>,
+    /// The passive-health marks of the table's servers (see [`passive_health`]).
+    marks: Marks,
+    /// The merged documents published whole (`None`: published in pieces, see
+    /// [`snapshot::WHOLE_LIMIT`]), in [`response::merged_source`] order.
+    docs: [Option<Rc<Vec<u8>>>; 3],
+}
+
+impl Shared {
+    pub fn new(config: Config, seed: u32) -> Shared {
+        let seed = host::now_ms() ^ (u64::from(seed) << 32) ^ 0x9E37_79B9_7F4A_7C15;
+        Shared {
+            config,
+            cache: RefCell::new(Cache::default()),
+            metrics: RefCell::new(Metrics::default()),
+            rng: Cell::new(seed | 1),
+        }
+    }
+
+    /// Counter `base` with `labels` incremented by one.
+    pub fn inc(&self, base: &str, labels: &[(&str, &str)]) {
+        self.metrics.borrow_mut().inc_labelled(base, labels);
+    }
+
+    /// Sends a reply the filter makes itself (counting its error about `gvr`, if it is one).
+    pub fn send(&self, reply: &LocalReply, gvr: Option<&Gvr>) -> Action {
+        if let (Some(error), Some(gvr)) = (reply.error, gvr) {
+            self.inc(metrics::PROXY_ERRORS, &error.labels(gvr));
+        }
+        let headers: Vec<(&str, &str)> = reply.headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        if let Err(e) = hostcalls::send_http_response(reply.status, headers, Some(&reply.body)) {
+            log::error!("kube-peer-proxy: cannot send local reply: {e:?}");
+        }
+        Action::Pause
+    }
+
+    /// The local server, as the table names it.
+    pub fn local(&self) -> Target {
+        Target {
+            cluster: self.config.local_cluster.clone(),
+            address: None,
+        }
+    }
+
+    /// xorshift64*: uniform enough to spread requests over peers, no crate needed.
+    pub fn pick(&self, n: usize) -> usize {
+        let mut x = self.rng.get();
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng.set(x);
+        let r = x.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        usize::try_from(r % n.max(1) as u64).unwrap_or(0)
+    }
+
+    /// The table a request routes with. A request reads only the small generation key (about a
+    /// microsecond, `make bench`'s probes) so a new snapshot, e.g. one that marks a member
+    /// unreachable, is used from the next request on; the worker's timer usually has it decoded.
+    pub fn table(&self) -> Option<Rc<Table>> {
+        self.refresh()
+    }
+
+    /// The worker timer's work: the newest table (shared data is re-read only when the small
+    /// generation key moved) and the passive-health marks of its servers.
+    pub fn on_tick(&self) {
+        self.cache.borrow_mut().marks.timer_runs();
+        let table = self.refresh();
+        self.cache
+            .borrow_mut()
+            .marks
+            .load(table.as_deref(), &mut host::shared_u64);
+    }
+
+    pub fn is_down(&self, index: usize) -> bool {
+        let cache = self.cache.borrow();
+        cache
+            .marks
+            .is_down(index, cache.table.as_deref(), &mut host::shared_u64)
+    }
+
+    /// Marks a server down for every worker (shared data) and at once for this one.
+    pub fn mark_down(&self, target: &str) {
+        let value = passive_health::mark_value(host::now_ms());
+        host::set_shared(&passive_health::down_key(target), value.as_bytes());
+        let cache = &mut *self.cache.borrow_mut();
+        cache.marks.mark(cache.table.as_deref(), target);
+    }
+
+    fn refresh(&self) -> Option<Rc<Table>> {
+        let generation = host::shared_u64(snapshot::KEY_GENERATION);
+        let mut cache = self.cache.borrow_mut();
+        if generation.is_none() || generation == cache.generation {
+            return cache.table.clone();
+        }
+        let table = match host::shared(snapshot::KEY_TABLE).map(|b| Table::decode(&b)) {
+            Some(Ok(t)) => t,
+            Some(Err(e)) => {
+                log::error!("kube-peer-proxy: undecodable snapshot table: {e}");
+                return cache.table.clone();
+            }
+            None => return cache.table.clone(),
+        };
+        // A whole document is copied into this VM; a chunked one is read piece by piece when a
+        // request needs it. The documents must belong to this table; if the service is mid-write,
+        // keep the previous snapshot and look again on the next request or tick.
+        let doc = |doc: MergedDoc| -> Option<Option<Rc<Vec<u8>>>> {
+            let (key, index) = response::merged_source(doc);
+            let len = table.merged_lengths.get(index).copied().unwrap_or(0);
+            if snapshot::is_chunked(len) {
+                return Some(None);
+            }
+            let whole = host::shared(key).and_then(|v| snapshot::untag(table.generation, v))?;
+            Some(Some(Rc::new(whole)))
+        };
+        if let (Some(apis), Some(api), Some(legacy)) =
+            (doc(MergedDoc::Apis), doc(MergedDoc::Api), doc(MergedDoc::ApisLegacy))
+        {
+            // A new snapshot usually follows a member's change of health (the service clears a
+            // recovered member's mark before it publishes): read the marks with it.
+            cache.marks.load(Some(&table), &mut host::shared_u64);
+            cache.generation = Some(table.generation);
+            cache.table = Some(Rc::new(table));
+            cache.docs = [apis, api, legacy];
+        }
+        cache.table.clone()
+    }
+
+    /// The body of a merged answer for `table` (the cached one): this VM's copy, or where its
+    /// pieces are.
+    pub fn merged(&self, doc: MergedDoc, table: &Table) -> Body {
+        let (key, index) = response::merged_source(doc);
+        let cache = self.cache.borrow();
+        match cache.docs.get(index).cloned().flatten() {
+            Some(whole) => Body::Whole(whole),
+            None => Body::Pieces {
+                key,
+                generation: table.generation,
+                len: table.merged_lengths.get(index).copied().unwrap_or(0),
+            },
+        }
+    }
+}
