@@ -31,7 +31,7 @@
 //!   its name and verb expectations are asserted. Its "invalid selector with metadata.name" cases found a
 //!   bug: we used to pick `metadata.name=name1` out of the unparseable `metadata.name=name1,foo`; upstream's
 //!   `fields.ParseSelector` fails, the list-options decode fails and `Name` stays empty.
-//!   `src/request_info.rs` now ports `fields.ParseSelector` + `RequiresExactMatch` (see the second test).
+//!   `src/request/request_info.rs` now ports `fields.ParseSelector` + `RequiresExactMatch` (see the second test).
 //!
 //! Percent-encoding: Go's `NewRequestInfo` splits `req.URL.Path`, which `net/url` has already
 //! percent-decoded (an invalid `%` escape in the path makes Go's server reject the request with 400 before
