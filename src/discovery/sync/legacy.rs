@@ -8,7 +8,7 @@ use super::{Doc, PartWork, Purpose, Server, Step, SyncError, SyncErrorKind, Sync
 use crate::discovery::documents::{GroupDiscovery, GroupMeta, VersionDiscovery};
 
 impl Syncer {
-    /// The documents the other servers hold, to share an equal one (see [`Part::docs`]).
+    /// The documents the other servers hold, to share an equal one (see [`super::Part::docs`]).
     pub(super) fn shared_docs(&self, si: usize) -> Vec<Rc<Vec<GroupDiscovery>>> {
         self.servers
             .iter()

@@ -10,9 +10,9 @@
 //! old it gets (it is routed to only while fresh); `/api`, `/apis` and each legacy group/version
 //! are learned separately, so a partial answer counts for what it did answer.
 //!
-//! This module holds the state; each job has its own file: [`rounds`] (scheduling: rounds, fetches,
-//! where each answer goes), [`membership`] (lease membership), [`answers`] (interpreting an
-//! answer), [`legacy`] (what an answer adds, and the legacy walk), [`build`] (the snapshot).
+//! This module holds the state; each job has its own file: `rounds` (scheduling: rounds, fetches,
+//! where each answer goes), `membership` (lease membership), [`answers`] (interpreting an
+//! answer), `legacy` (what an answer adds, and the legacy walk), `build` (the snapshot).
 
 use std::collections::HashMap;
 use std::rc::Rc;
