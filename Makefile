@@ -7,7 +7,7 @@ WASM_RAW := $(TARGET_DIR)/wasm32-wasip1/release/kube_peer_proxy.wasm
 WASM := $(TARGET_DIR)/kube_peer_proxy.wasm
 PY := .venv/bin/python
 PYTEST := $(PY) -m pytest
-# Tests that need real Envoy; never skipped (see python/kpp/harness.py). The Python tooling is the
+# Tests that need real Envoy; never skipped (see python/kpp/testing/harness.py). The Python tooling is the
 # package kpp (python/kpp), on the venv's path through scripts/setup.sh.
 E2E ?= tests/e2e
 # Reproducible .wasm: the crate's own paths are already relative; dependencies' panic-location
@@ -126,23 +126,23 @@ hop: build k8s-build
 
 # ---- Rolling-upgrade simulation ----------------------------------------------------------------
 # Three fake apiservers behind three Envoys and a front LB, upgraded old → new one at a time under load; the
-# same schedule with and without the filter; prints the comparison table (python/kpp/sim/upgrade_sim.py).
+# same schedule with and without the filter; prints the comparison table (python/kpp/testing/sim/upgrade_sim.py).
 # `make test` runs a short version (tests/e2e/test_upgrade_sim.py).
 SIM_DURATION ?= 90
 SIM_ARGS ?=
 
 .PHONY: upgrade-sim
 upgrade-sim: build
-	$(PY) -m kpp.sim.upgrade_sim --duration $(SIM_DURATION) --mode both $(SIM_ARGS)
+	$(PY) -m kpp.testing.sim.upgrade_sim --duration $(SIM_DURATION) --mode both $(SIM_ARGS)
 
 # The same hazard with real binaries: three kubeadm nodes (kube-apiserver v1.35.4 -> v1.36.3 on one etcd)
 # and kube-controller-manager v1.36.3 (garbage collector, namespace controller), behind a round-robin
 # load balancer and node-local; control (no filter) and filter runs; writes docs/upgrade-k8s.png.
-# `tests/k8s/test_upgrade_k8s.py` is its short version (python/kpp/upgrade_k8s.py --short).
+# `tests/k8s/test_upgrade_k8s.py` is its short version (python/kpp/testing/sim/upgrade_k8s.py --short).
 UPGRADE_K8S_ARGS ?=
 .PHONY: upgrade-k8s
 upgrade-k8s: build k8s-build-skew
-	$(PY) -m kpp.upgrade_k8s --plot docs/upgrade-k8s.png $(UPGRADE_K8S_ARGS)
+	$(PY) -m kpp.testing.sim.upgrade_k8s --plot docs/upgrade-k8s.png $(UPGRADE_K8S_ARGS)
 
 # ---- Benchmarks ---------------------------------------------------------------------------------
 # Speed and memory goals are shown here, not by timed unit tests: callgrind instruction counts of the

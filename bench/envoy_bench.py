@@ -4,7 +4,7 @@
     .venv/bin/python bench/envoy_bench.py [--duration 10] [--repeat 5] [--out target/bench/envoy.md]
                                           [--before <git ref>] [--no-probes] [--only a,a',b,...,idle]
 
-Topology (all on 127.0.0.1, every Envoy launched through kpp.harness, i.e. func-e):
+Topology (all on 127.0.0.1, every Envoy launched through kpp.testing.harness, i.e. func-e):
 
     wrk / h2load ──► Envoy under test (kpp.render bootstrap: no filter, bench/noop's do-nothing
                      │ local      │ peer-b, peer-c       filter, this filter, or the --before build)
@@ -46,7 +46,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kpp import harness, render
+from kpp import render
+from kpp.testing import harness
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -714,7 +715,7 @@ def report(results: list[Result], idle: list[dict], bench: Bench, argv: list[str
     before = (f"; the `before` rows (key suffix 0) run the filter as of `{bench.before_ref}` "
               f"(`{wasm_size(bench.before_wasm)}`) in the same run" if bench.before_wasm else "")
     w(f"Measured {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}; "
-      f"Envoy `{envoy_version()}` with `--concurrency 2` (as kpp.harness starts every Envoy, "
+      f"Envoy `{envoy_version()}` with `--concurrency 2` (as kpp.testing.harness starts every Envoy, "
       f"through func-e); wasm `{harness.wasm_path().relative_to(ROOT)}` "
       f"({wasm_size(harness.wasm_path())}); the wasm floor `{NOOP_WASM.relative_to(ROOT)}` "
       f"({wasm_size(NOOP_WASM)}){before}.")

@@ -31,8 +31,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from kpp import harness, render
-from kpp.fake_apiserver import Cluster
+from kpp import render
+from kpp.testing import harness
+from kpp.testing.fake_apiserver import Cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_DIR = ROOT / ".demo"

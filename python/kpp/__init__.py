@@ -1,13 +1,11 @@
-"""kube-peer-proxy's Python tooling, shared by the tests, the demo, the benchmarks, the release and
-the real-control-plane scripts.
+"""kube-peer-proxy's Python tooling: the operator's tools at the top, the test kit under kpp.testing.
 
-* harness: launches Envoy (func-e) with the built filter; topology: the demo topology of the tests
-* render: the Envoy bootstrap renderer (`python -m kpp.render --help`)
-* fake_apiserver: fake kube-apiservers with one shared store (`python -m kpp.fake_apiserver`)
-* cluster, envoyfront, kubeadm_node, upgrade_k8s: real etcd / kube-apiserver / kubeadm control planes
+* render: the Envoy bootstrap renderer (`kube-peer-proxy-render --help`; standard library only)
 * image_volume: the image-volume static pod of the release (scripts/dist.sh)
-* sim: the rolling-upgrade simulation (`python -m kpp.sim.upgrade_sim`, `make upgrade-sim`)
+* pki_reload: the static pod's pki-reload container (deploy/static-pod.yaml), run as it ships
+* testing: Envoy launcher, fake apiservers, real control planes, load balancers and the simulations
+  (kpp.testing.sim), used by the tests, the demo, the benchmarks and scripts/k8s
 
-scripts/setup.sh puts this package's parent directory (python/) on the venv's path with a .pth file,
-so `.venv/bin/python` imports `kpp` from any working directory.
+python/pyproject.toml makes this one installable package; scripts/setup.sh installs it into .venv
+editable (`pip install -e python`), so `.venv/bin/python` imports `kpp` from any working directory.
 """

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from kpp import render
-from kpp.cluster import Proc
+from kpp.testing.cluster import Proc
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = ROOT / "deploy" / "static-pod.yaml"

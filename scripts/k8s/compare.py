@@ -35,8 +35,8 @@ import time
 import uuid
 from pathlib import Path
 
-from kpp import envoyfront, harness
-from kpp.cluster import (A_RUNTIME_CONFIG, CACHE, CRD_GROUP, DEFAULT_VERSION, ControlPlane, cpu_seconds,
+from kpp.testing import envoyfront, harness
+from kpp.testing.cluster import (A_RUNTIME_CONFIG, CACHE, CRD_GROUP, DEFAULT_VERSION, ControlPlane, cpu_seconds,
                          crd_manifest, wait_for)
 
 V2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"

@@ -10,7 +10,7 @@ apiserver CPU and the client's own CPU per request; Envoy cluster/listener stats
     make hop    (= .venv/bin/python scripts/k8s/hop.py [--requests 2000] [--warmup 200] [--rounds 3]
                    [--paired N] [--out target/hop/results.md])
 
-Read-only use of kpp.*: bootstraps come from kpp.envoyfront.bootstrap / kpp.render.render_bootstrap and
+Read-only use of kpp.*: bootstraps come from kpp.testing.envoyfront.bootstrap / kpp.render.render_bootstrap and
 are then modified here (JSON), never by editing the renderers.
 """
 
@@ -27,8 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from kpp import envoyfront, harness, render
-from kpp.cluster import DEFAULT_VERSION, ControlPlane, cpu_seconds
+from kpp import render
+from kpp.testing import envoyfront, harness
+from kpp.testing.cluster import DEFAULT_VERSION, ControlPlane, cpu_seconds
 
 CM = "/api/v1/namespaces/default/configmaps/hop-cm"
 ROOT = Path(__file__).resolve().parents[2]

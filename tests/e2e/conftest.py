@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kpp import harness
+from kpp.testing import harness
 
 FAILURE_LOG_LINES = 300
 
@@ -77,7 +77,7 @@ def envoys(request, tmp_path: Path):
 @pytest.fixture
 def topo(envoys):
     """The demo topology (fake apiservers a old, b and c new, one Envoy in front of a), always closed."""
-    from kpp.topology import Topology
+    from kpp.testing.topology import Topology
 
     t = Topology(envoys)
     yield t

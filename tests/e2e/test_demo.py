@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from kpp import harness
+from kpp.testing import harness
 
 
 def test_demo_check_passes():

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import re
 
-from kpp import harness
+from kpp.testing import harness
 
 ROOT = harness.ROOT
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted(ROOT.glob("*/README.md")),
-        *sorted(ROOT.glob("*/*/README.md")), *sorted(ROOT.glob("python/kpp/*/README.md"))]
+        *sorted(ROOT.glob("*/*/README.md")), *sorted(ROOT.glob("python/kpp/**/README.md"))]
 CODE_GLOBS = ["Makefile", "scripts/**/*.sh", "scripts/**/*.py", "python/**/*.py", "bench/**/*.py", "bench/**/*.sh",
               "tests/**/*.py", "src/**/*.rs"]
 

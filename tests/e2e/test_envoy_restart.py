@@ -21,9 +21,10 @@ import time
 
 import pytest
 
-from kpp import harness, render
-from kpp.sim.probe import Hammer
-from kpp.topology import COMMON, FAST, NEW_ONLY, Topology, request
+from kpp import render
+from kpp.testing import harness
+from kpp.testing.sim.probe import Hammer
+from kpp.testing.topology import COMMON, FAST, NEW_ONLY, Topology, request
 
 CRASH_CRATE = harness.ROOT / "tests" / "e2e" / "crash_filter"
 CRASH_TARGET = harness.ROOT / "target" / "crash-filter"
@@ -130,7 +131,7 @@ def crash_wasm():
 
 @pytest.mark.parametrize("policy", ["FAIL_RELOAD", "FAIL_CLOSED", "FAIL_OPEN"])
 def test_what_a_vm_failure_does_under_each_failure_policy(envoys, crash_wasm, policy):
-    from kpp.fake_apiserver import Cluster
+    from kpp.testing.fake_apiserver import Cluster
 
     cluster = Cluster()
     try:

@@ -24,9 +24,9 @@ import time
 
 import pytest
 
-from kpp import harness
-from kpp.sim.probe import Hammer
-from kpp.topology import FAST, NEW_ONLY, Topology, request
+from kpp.testing import harness
+from kpp.testing.sim.probe import Hammer
+from kpp.testing.topology import FAST, NEW_ONLY, Topology, request
 
 REFRESH = 0.5  # FAST["refresh_interval"]
 CONNECT_TIMEOUT = 1.0  # kpp.render: every cluster's connect_timeout

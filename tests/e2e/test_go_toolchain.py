@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from kpp import harness
+from kpp.testing import harness
 
 ROOT = harness.ROOT
 DEB_CACHE = Path(os.environ.get("KPP_K8S_CACHE", Path.home() / ".cache" / "kube-peer-proxy")) / "test-debs" / "go-1.19"

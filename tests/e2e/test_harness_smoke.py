@@ -8,7 +8,7 @@ import os
 import urllib.request
 from pathlib import Path
 
-from kpp import harness
+from kpp.testing import harness
 
 SMOKE_CONFIG = """
 admin:

@@ -11,7 +11,7 @@
 |                                         |                            | Connection: close |                          |
 |                                         |                            | / HTTP/2 GOAWAY   |                          |
 
-The probes are the manifest's own (kpp.static_envoy.probes), sent to the listener they name; the drain is
+The probes are the manifest's own (kpp.testing.static_envoy.probes), sent to the listener they name; the drain is
 the manifest's own entrypoint script. HTTP/1.0 without a Host header is served like HTTP/1.1 (HAProxy's
 check speaks it); the control bootstrap without `accept_http_10` answers it 426, as Envoy did before.
 """
@@ -24,8 +24,9 @@ import ssl
 import subprocess
 import time
 
-from kpp import harness, render, static_envoy
-from kpp.topology import COMMON, NEW_ONLY, Topology, request
+from kpp import render
+from kpp.testing import harness, static_envoy
+from kpp.testing.topology import COMMON, NEW_ONLY, Topology, request
 
 HEALTH = ("/healthz", "/readyz", "/readyz?verbose", "/livez")
 

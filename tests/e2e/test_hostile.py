@@ -15,8 +15,9 @@ import threading
 
 import pytest
 
-from kpp import harness, render
-from kpp.topology import NEW_ONLY, Topology, V2, request
+from kpp import render
+from kpp.testing import harness
+from kpp.testing.topology import NEW_ONLY, Topology, V2, request
 
 
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import json
 
-from kpp import harness, render
-from kpp.fake_apiserver import Cluster
-from kpp.fake_apiserver.discovery import FIXTURES
-from kpp.topology import FAST, V2, request
+from kpp import render
+from kpp.testing import harness
+from kpp.testing.fake_apiserver import Cluster
+from kpp.testing.fake_apiserver.discovery import FIXTURES
+from kpp.testing.topology import FAST, V2, request
 
 DOCS = {"/apis (v2)": ("/apis", V2), "/api (v2)": ("/api", V2), "/apis (legacy)": ("/apis", "application/json")}
 
@@ -81,7 +82,7 @@ def fnv128_etag(body: bytes) -> str:
 def with_crds(base: str, prefix: str, groups: int, versions: int = 2, resources: int = 10) -> dict:
     """A fixture API set plus `groups` synthetic CRD groups (every resource with a status
     subresource, as CRDs usually have)."""
-    from kpp.fake_apiserver.discovery import resource_entry
+    from kpp.testing.fake_apiserver.discovery import resource_entry
     name = {"old": "aggregated_v2.k8s-1.33.json", "new": "aggregated_v2.k8s-1.37-dev-fork.json"}[base]
     doc = json.loads((FIXTURES / name).read_text())
     for g in range(groups):

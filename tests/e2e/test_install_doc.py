@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from kpp import harness
+from kpp.testing import harness
 
 ROOT = harness.ROOT
 DOC = ROOT / "docs" / "install.md"

@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 
-from kpp import harness
-from kpp.topology import Topology
+from kpp.testing import harness
+from kpp.testing.topology import Topology
 
 
 @pytest.fixture

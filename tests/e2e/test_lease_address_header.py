@@ -21,9 +21,10 @@ from datetime import datetime, timezone
 
 import pytest
 
-from kpp import harness, render
-from kpp.fake_apiserver import Cluster
-from kpp.topology import COMMON, FAST, NEW_ONLY, request
+from kpp import render
+from kpp.testing import harness
+from kpp.testing.fake_apiserver import Cluster
+from kpp.testing.topology import COMMON, FAST, NEW_ONLY, request
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases"
 

@@ -1,10 +1,10 @@
 """Three nodes behind the load balancers operators run, one node's Envoy restarted under load.
 
 HAProxy from Debian with kubeadm's HA guide configuration (only its placeholders and addresses filled in:
-kpp.lb), and an Envoy TCP proxy with active health checks, in front of three nodes whose Envoys run the
-static pod's own entrypoint (kpp.static_envoy). Load as kpp.rollout describes it: 8 keep-alive clients at
+kpp.testing.lb), and an Envoy TCP proxy with active health checks, in front of three nodes whose Envoys run the
+static pod's own entrypoint (kpp.testing.static_envoy). Load as kpp.testing.rollout describes it: 8 keep-alive clients at
 200 req/s through HAProxy, 6 watches, a kubectl-like client on new connections through the Envoy LB, all
-retrying like client-go (kpp.lbclient).
+retrying like client-go (kpp.testing.lbclient).
 
 * With the drain (SIGTERM to the manifest's script): no node is ever DOWN while healthy, the restarting
   node is out of rotation in both load balancers before it stops accepting, and is back only after its
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import subprocess
 
-from kpp import lb, rollout
+from kpp.testing import lb, rollout
 
 
 def show(s: dict) -> str:

@@ -22,9 +22,9 @@ import time
 
 import pytest
 
-from kpp import harness
-from kpp.fake_apiserver import with_resource
-from kpp.topology import COMMON, NEW_ONLY, NOWHERE, Topology, V2, request
+from kpp.testing import harness
+from kpp.testing.fake_apiserver import with_resource
+from kpp.testing.topology import COMMON, NEW_ONLY, NOWHERE, Topology, V2, request
 
 # A new-only resource in a group/version the old server serves: its 404 there is go-restful's JSON Status.
 NEW_ONLY_IN_OLD_GV = "/apis/storage.k8s.io/v1/volumeattributesclasses"

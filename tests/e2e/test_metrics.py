@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from kpp import harness
-from kpp.topology import NEW_ONLY, Topology
+from kpp.testing import harness
+from kpp.testing.topology import NEW_ONLY, Topology
 
 
 

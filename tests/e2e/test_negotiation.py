@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kpp.topology import V2, Topology
+from kpp.testing.topology import V2, Topology
 
 V2B1 = "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList"
 PB_V2 = "application/vnd.kubernetes.protobuf;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
@@ -52,7 +52,7 @@ def test_discovery_accept(topo, endpoint, client, accept, who, expect):
     headers = {"Accept": accept} if accept is not None else {}
     r = topo.get(endpoint, **headers)
     # What the local apiserver itself answers to the same Accept.
-    from kpp.topology import request
+    from kpp.testing.topology import request
     direct = request(f"{topo.a.url}{endpoint}", headers=headers)
     if who == "legacy" and endpoint == "/apis":
         # The local server authorized and answered; the filter swapped in the merged document.

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from kpp import harness
-from kpp.topology import COMMON, KUBECTL_ACCEPT, NEW_ONLY, NOPEER, NOWHERE, OLD_ONLY, Topology, V2, request
+from kpp.testing import harness
+from kpp.testing.topology import COMMON, KUBECTL_ACCEPT, NEW_ONLY, NOPEER, NOWHERE, OLD_ONLY, Topology, V2, request
 
 
 

@@ -36,11 +36,12 @@ from pathlib import Path
 
 import pytest
 
-from kpp import harness, pki_reload, render
-from kpp.fake_apiserver import Cluster
-from kpp.kubeadm_node import mint_cert, openssl
-from kpp.tlsload import TlsLoad
-from kpp.topology import COMMON, FAST, NEW_ONLY
+from kpp import pki_reload, render
+from kpp.testing import harness
+from kpp.testing.fake_apiserver import Cluster
+from kpp.testing.kubeadm_node import mint_cert, openssl
+from kpp.testing.tlsload import TlsLoad
+from kpp.testing.topology import COMMON, FAST, NEW_ONLY
 
 SNI = render.KUBEADM_SNI
 RELOAD_BOUND = 10.0  # seconds: the bound for new handshakes to show a renewed serving certificate

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from kpp.topology import Topology
+from kpp.testing.topology import Topology
 
 
 

@@ -36,8 +36,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kpp import cluster, harness, image_volume, render
-from kpp.topology import NEW_ONLY, Topology
+from kpp import image_volume, render
+from kpp.testing import cluster, harness
+from kpp.testing.topology import NEW_ONLY, Topology
 
 ROOT = harness.ROOT
 

@@ -19,7 +19,7 @@ def rust_const(file: str, name: str) -> str:
 
 def test_render_constants_match_the_rust_code():
     assert render.DISCOVERY_ROOT_ID == rust_const("config.rs", "DISCOVERY_ROOT_ID")
-    assert render.FILTER_REPLY_HEADER == rust_const("wasm/filter.rs", "FILTER_REPLY_HEADER")
+    assert render.FILTER_REPLY_HEADER == rust_const("request/reply.rs", "FILTER_REPLY_HEADER")
     default_route = re.search(r'route_header: "([^"]*)"\.into\(\)', (SRC / "config.rs").read_text()).group(1)
     assert render.ROUTE_HEADER == default_route
     labels = re.search(r"pub const LABELS: &\[&str\] = &\[([^\]]*)\];", (SRC / "metrics.rs").read_text()).group(1)

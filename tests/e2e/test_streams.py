@@ -25,10 +25,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from kpp import harness
-from kpp.fake_apiserver import with_subresource
-from kpp.fake_apiserver.websocket import BINARY, CLOSE, PING, PONG, TEXT, WebSocket
-from kpp.topology import Topology, request
+from kpp.testing import harness
+from kpp.testing.fake_apiserver import with_subresource
+from kpp.testing.fake_apiserver.websocket import BINARY, CLOSE, PING, PONG, TEXT, WebSocket
+from kpp.testing.topology import Topology, request
 
 GROUP_VERSION = "/apis/lifecycle.k8s.io/v1alpha1"
 RESOURCE = "evictionrequests"

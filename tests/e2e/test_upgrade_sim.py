@@ -3,7 +3,7 @@
 Both modes run the identical schedule (a, b, c upgraded old → new one at a time under ≥ 200 req/s of
 get/list/create/delete plus long watches over old-only, new-only and common GVRs). A server is *in service*
 once its /readyz answers through its Envoy and a direct GET /apis on it answers, in both modes alike (see
-kpp/sim/classify.py). With the filter: no false 404 (nor one while a server was starting), no lost write, no wasm
+kpp/testing/sim/classify.py). With the filter: no false 404 (nor one while a server was starting), no lost write, no wasm
 VM panic, every 503 a `Status` with `Retry-After`, and per resource class at least MIN_AVAILABILITY % of the
 requests for a GVR some in-service server serves answered 2xx outside one refresh interval after each change.
 Without it (plain Envoy): false 404s, and an availability of old-only and new-only GVRs far below that floor
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from kpp.sim import classify, gvrs, upgrade_sim
+from kpp.testing.sim import classify, gvrs, upgrade_sim
 
 DURATION = 18.0
 FILTER_OUTCOMES = upgrade_sim.FILTER_OUTCOMES
@@ -59,7 +59,7 @@ def test_rolling_upgrade_filter_is_available_without_false_404_and_control_is_no
 
 
 def test_the_pass_rules_fail_for_broken_filters(envoys, tmp_path):
-    """Mutations (a) and (b) (kpp.mutants): reroutes to a dead peer, and a 503 for everything only a peer
+    """Mutations (a) and (b) (kpp.testing.mutants): reroutes to a dead peer, and a 503 for everything only a peer
     serves. Each must fail the filter rules; which rules trip is printed (and recorded in the README)."""
     tripped = {}
     for mode in ("mutant-dead-peer", "mutant-503"):
@@ -83,9 +83,9 @@ import time  # noqa: E402
 
 import pytest  # noqa: E402
 
-from kpp import harness  # noqa: E402
-from kpp.sim.probe import Hammer  # noqa: E402
-from kpp.topology import NEW_ONLY, OLD_ONLY, Topology  # noqa: E402
+from kpp.testing import harness  # noqa: E402
+from kpp.testing.sim.probe import Hammer  # noqa: E402
+from kpp.testing.topology import NEW_ONLY, OLD_ONLY, Topology  # noqa: E402
 
 NODES = ("a", "b", "c")
 # A slow round, so a restart between two rounds is certain, not likely.

@@ -12,14 +12,14 @@ import time
 
 import pytest
 
-from kpp.fake_apiserver import FAULT_MODES, Cluster
-from kpp.fake_apiserver.discovery import AGGREGATED_V2, AGGREGATED_V2BETA1, FIXTURES
-from kpp.fake_apiserver.store import Expired, Store
+from kpp.testing.fake_apiserver import FAULT_MODES, Cluster
+from kpp.testing.fake_apiserver.discovery import AGGREGATED_V2, AGGREGATED_V2BETA1, FIXTURES
+from kpp.testing.fake_apiserver.store import Expired, Store
 
 V2 = AGGREGATED_V2
 V2BETA1 = AGGREGATED_V2BETA1
 NOPEER = V2 + ";profile=nopeer"
-# Accept strings real clients send (kpp/topology.py) → the answer a 1.33+ server gives (v2beta1 removed).
+# Accept strings real clients send (kpp/testing/topology.py) → the answer a 1.33+ server gives (v2beta1 removed).
 ACCEPT_CASES = {
     "client-go 1.26-1.29": (f"{V2BETA1},application/json", "legacy"),
     "client-go 1.30-1.36": (f"{V2},{V2BETA1},application/json", "v2"),
@@ -630,7 +630,7 @@ def test_stop_and_restart_on_same_port(cluster):
 
 def test_cli_runs_until_sigterm(tmp_path):
     # From any directory: the venv has python/ on its path (scripts/setup.sh).
-    proc = subprocess.Popen([sys.executable, "-m", "kpp.fake_apiserver", "--instance", "a:0:old",
+    proc = subprocess.Popen([sys.executable, "-m", "kpp.testing.fake_apiserver", "--instance", "a:0:old",
                              "--instance", "b:0:new:legacy-only"], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
     try:
         lines = [proc.stdout.readline().strip() for _ in range(2)]
@@ -663,7 +663,7 @@ def test_discovery_delay(old):
 
 
 def test_with_subresource_adds_a_synthetic_subresource_to_a_copy(cluster):
-    from kpp.fake_apiserver.discovery import builtin_apiset, with_subresource
+    from kpp.testing.fake_apiserver.discovery import builtin_apiset, with_subresource
 
     derived = with_subresource("new", "lifecycle.k8s.io", "v1alpha1", "evictionrequests", "exec", ["create", "get"])
     b = cluster.start("b", apiset=derived)
@@ -677,7 +677,7 @@ def test_with_subresource_adds_a_synthetic_subresource_to_a_copy(cluster):
 
 
 def test_websocket_echo_on_exec_style_subresources(old):
-    from kpp.fake_apiserver.websocket import BINARY, CLOSE, TEXT, WebSocket
+    from kpp.testing.fake_apiserver.websocket import BINARY, CLOSE, TEXT, WebSocket
 
     call(old, "POST", "/api/v1/namespaces/ns1/pods", {"metadata": {"name": "p1"}})
     ws = WebSocket.connect("127.0.0.1", old.port, "/api/v1/namespaces/ns1/pods/p1/exec?command=sh",
@@ -806,7 +806,7 @@ def test_serve_adds_a_type_outside_discovery(cluster):
 
 
 def test_with_resource_adds_a_listed_type_to_a_copy(cluster):
-    from kpp.fake_apiserver.discovery import builtin_apiset, with_resource
+    from kpp.testing.fake_apiserver.discovery import builtin_apiset, with_resource
 
     derived = with_resource("new", "only.example.com", "v1", "gadgets", "Gadget")
     core = with_resource("old", "", "v1", "gizmos", "Gizmo", namespaced=False)

@@ -12,9 +12,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from kpp import harness
-from kpp.cluster import A_RUNTIME_CONFIG, DEFAULT_VERSION, ControlPlane
-from kpp.envoyfront import Front
+from kpp.testing import harness
+from kpp.testing.cluster import A_RUNTIME_CONFIG, DEFAULT_VERSION, ControlPlane
+from kpp.testing.envoyfront import Front
 
 V2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 NOPEER = V2 + ";profile=nopeer"

@@ -28,9 +28,9 @@ import uuid
 
 import pytest
 
-from kpp import harness
-from kpp.cluster import CRD_GROUP, WARDLE_GROUP, WARDLE_VERSION, crd_manifest
-from kpp.envoyfront import K8S_PLUGIN
+from kpp.testing import harness
+from kpp.testing.cluster import CRD_GROUP, WARDLE_GROUP, WARDLE_VERSION, crd_manifest
+from kpp.testing.envoyfront import K8S_PLUGIN
 from k8senv import NOPEER, V2, discovery, gvrs, http
 
 JOBS = "/apis/batch/v1/namespaces/default/jobs"

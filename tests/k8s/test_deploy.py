@@ -12,8 +12,9 @@ import subprocess
 
 import yaml
 
-from kpp import harness, pki_reload, render
-from kpp.cluster import DEFAULT_VERSION, ROOT, binary
+from kpp import pki_reload, render
+from kpp.testing import harness
+from kpp.testing.cluster import DEFAULT_VERSION, ROOT, binary
 
 DEPLOY = ROOT / "deploy"
 

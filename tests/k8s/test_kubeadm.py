@@ -1,7 +1,7 @@
 """Drop-in on a real kubeadm control-plane node: kube-peer-proxy's Envoy owns <node-ip>:6443, the
 kube-apiserver moves to a node-local address, peers talk through the peer listener <node-ip>:6444.
 
-Topology (module fixture, kpp.kubeadm_node): one etcd; nodes cp-1 (node IP 127.0.0.11,
+Topology (module fixture, kpp.testing.kubeadm_node): one etcd; nodes cp-1 (node IP 127.0.0.11,
 kube-apiserver v1.36.3 on 127.0.1.11:6443 with `--runtime-config=batch/v1=false`) and cp-2 (127.0.0.12,
 apiserver 127.0.1.12:6443, everything). kubeadm v1.36.3 wrote every certificate, kubeconfig and the
 apiserver manifest; each apiserver runs with exactly kubeadm's flags except the overrides that
@@ -30,8 +30,9 @@ from pathlib import Path
 
 import pytest
 
-from kpp import harness, render
-from kpp.kubeadm_node import (APISERVER_PORT, OVERRIDES, PEER_PORT, SNI, TOKEN_GROUP, TOKEN_USER, KubeadmCluster,
+from kpp import render
+from kpp.testing import harness
+from kpp.testing.kubeadm_node import (APISERVER_PORT, OVERRIDES, PEER_PORT, SNI, TOKEN_GROUP, TOKEN_USER, KubeadmCluster,
                               kubeconfig_credentials, mint_cert, request, write_kubeconfig)
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -3,8 +3,8 @@ real kubeadm v1.36.3 and deploy/kubeadm/upgrade-config.yaml, exactly as docs/dep
 Kubernetes with kube-peer-proxy installed") gives the commands.
 
 Starting point (module fixture): two control-plane nodes set up by the real kubeadm v1.35.4
-(kpp.kubeadm_node: certificates, kubeconfigs, the kube-apiserver manifest with deploy/kubeadm's
-bind-address and patches; kpp.kubeadm_upgrade.kubeadm_init_rest: kubelet.conf, the controller-manager
+(kpp.testing.kubeadm_node: certificates, kubeconfigs, the kube-apiserver manifest with deploy/kubeadm's
+bind-address and patches; kpp.testing.kubeadm_upgrade.kubeadm_init_rest: kubelet.conf, the controller-manager
 and scheduler manifests, kubelet-start's files, `upload-config kubeadm` -- the kubeadm-config ConfigMap
 with kubernetesVersion v1.35.4 and apiServer.extraArgs bind-address=127.0.0.1 --, `upload-config
 kubelet`, `addon all`), real kube-apiservers v1.35.4 behind each node's Envoy (kpp.render's kubeadm
@@ -26,7 +26,7 @@ What no kubelet and no container runtime here means, step by step (exact kubeadm
 * kubelet-start / kubelet-config: `unable to start the kubelet service: [failed to reload systemd:
   exit status 1]` (a warning; kubeadm goes on).
 * The kubelet itself: kubeadm waits for it to restart each static Pod (the mirror Pod's config.hash
-  changes, then the Pod is Running). kpp.kubeadm_upgrade.StaticPods stands in for exactly that: it
+  changes, then the Pod is Running). kpp.testing.kubeadm_upgrade.StaticPods stands in for exactly that: it
   restarts the kube-apiserver from the manifest kubeadm wrote (the manifest's binary version and flags,
   with the harness's loopback overrides) and updates the mirror Pod; kube-controller-manager and
   kube-scheduler do not run on these nodes (only their mirror Pods are updated).
@@ -66,9 +66,9 @@ import uuid
 import pytest
 import yaml
 
-from kpp import kubeadm_upgrade as ku
-from kpp.cluster import DEFAULT_VERSION, SKEW_OLD_VERSION
-from kpp.kubeadm_node import APISERVER_PORT, SNI, KubeadmCluster, kubeconfig_credentials, openssl
+from kpp.testing import kubeadm_upgrade as ku
+from kpp.testing.cluster import DEFAULT_VERSION, SKEW_OLD_VERSION
+from kpp.testing.kubeadm_node import APISERVER_PORT, SNI, KubeadmCluster, kubeconfig_credentials, openssl
 
 OLD, NEW = SKEW_OLD_VERSION, DEFAULT_VERSION
 CONFIG = f"--config={ku.KPP_DIR}/upgrade-config.yaml"

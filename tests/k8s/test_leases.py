@@ -20,9 +20,9 @@ import time
 
 import pytest
 
-from kpp import harness
-from kpp.cluster import DEFAULT_VERSION, ControlPlane
-from kpp.envoyfront import Front
+from kpp.testing import harness
+from kpp.testing.cluster import DEFAULT_VERSION, ControlPlane
+from kpp.testing.envoyfront import Front
 from k8senv import http
 
 JOBS = "/apis/batch/v1/namespaces/default/jobs"

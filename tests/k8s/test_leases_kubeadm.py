@@ -23,8 +23,8 @@ import time
 
 import pytest
 
-from kpp import harness
-from kpp.kubeadm_node import APISERVER_PORT, PEER_PORT, KubeadmCluster, kubeconfig_credentials
+from kpp.testing import harness
+from kpp.testing.kubeadm_node import APISERVER_PORT, PEER_PORT, KubeadmCluster, kubeconfig_credentials
 from k8senv import serving
 
 SELECTOR = "?labelSelector=apiserver.kubernetes.io%2Fidentity%3Dkube-apiserver"

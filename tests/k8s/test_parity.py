@@ -32,8 +32,8 @@ from urllib.parse import unquote
 
 import pytest
 
-from kpp import harness
-from kpp.cluster import CRD_GROUP, DEFAULT_VERSION
+from kpp.testing import harness
+from kpp.testing.cluster import CRD_GROUP, DEFAULT_VERSION
 from k8senv import gvrs
 
 ROOT = Path(__file__).resolve().parents[2]

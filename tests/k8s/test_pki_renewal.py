@@ -1,6 +1,6 @@
 """Certificate renewal on the kubeadm layout with the real binaries, while clients keep running.
 
-Two kubeadm nodes (kpp.kubeadm_node: real kubeadm v1.36.3 PKI and manifests, real kube-apiservers,
+Two kubeadm nodes (kpp.testing.kubeadm_node: real kubeadm v1.36.3 PKI and manifests, real kube-apiservers,
 one etcd); cp-1 serves everything but batch/v1, so jobs requests through cp-1's Envoy go to cp-2's
 peer listener. Each Envoy runs with the static pod's pki-reload loop beside it (kpp.pki_reload).
 
@@ -22,11 +22,11 @@ import time
 
 import pytest
 
-from kpp import harness
-from kpp.kubeadm_node import APISERVER_PORT, PEER_PORT, TOKEN_GROUP, TOKEN_USER, KubeadmCluster, \
+from kpp.testing import harness
+from kpp.testing.kubeadm_node import APISERVER_PORT, PEER_PORT, TOKEN_GROUP, TOKEN_USER, KubeadmCluster, \
     kubeconfig_credentials, openssl, tls_context
 from kpp.render import DISCOVERY_USER
-from kpp.tlsload import TlsLoad
+from kpp.testing.tlsload import TlsLoad
 from k8senv import serving
 
 LOCAL = "/api/v1/namespaces/default/configmaps"

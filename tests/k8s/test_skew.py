@@ -15,8 +15,8 @@ import uuid
 
 import pytest
 
-from kpp import harness
-from kpp.cluster import DEFAULT_VERSION, SKEW_OLD_VERSION
+from kpp.testing import harness
+from kpp.testing.cluster import DEFAULT_VERSION, SKEW_OLD_VERSION
 from k8senv import NOPEER, V2, discovery, http, start_env, stop_env
 
 KUBECTL_ACCEPT = V2 + ",application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json"

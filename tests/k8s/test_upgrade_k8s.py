@@ -1,9 +1,9 @@
-"""The short version of `make upgrade-k8s` (`python -m kpp.upgrade_k8s --short`): real etcd, three
+"""The short version of `make upgrade-k8s` (`python -m kpp.testing.sim.upgrade_k8s --short`): real etcd, three
 kubeadm nodes upgraded kube-apiserver v1.35.4 -> v1.36.3, then kube-controller-manager v1.36.3
 (garbage collector + namespace controller) on cp-1's own endpoint while cp-1 is rolled back to
 v1.35.4. The same schedule runs without the filter (control: plain TLS passthrough Envoys) and with it.
 
-The pass rules are `kpp.upgrade_k8s.filter_rules` (the same `make upgrade-k8s` exits on): no dependent
+The pass rules are `kpp.testing.sim.upgrade_k8s.filter_rules` (the same `make upgrade-k8s` exits on): no dependent
 of a live owner lost, no false 404 reaching a client (each apiserver 404 matched by audit ID to the
 one access-log line that says what the client got), all real garbage collected, rerouted requests
 answered by the peer (by code), client-visible 503s and workload failures under their bounds. The
@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from kpp import upgrade_k8s
+from kpp.testing.sim import upgrade_k8s
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ drop-in, `kpp.render.render_kubeadm`).
 
 Used by tests/k8s/test_kubeadm.py (imported) and by hand:
 
-    .venv/bin/python -m kpp.kubeadm_node up --dir /tmp/kpp-kubeadm     # cp-1 minus batch/v1, cp-2
+    .venv/bin/python -m kpp.testing.kubeadm_node up --dir /tmp/kpp-kubeadm     # cp-1 minus batch/v1, cp-2
 
 What is real and what is simulated:
 
@@ -50,8 +50,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kpp import harness, pki_reload, render
-from kpp.cluster import AUDIT_POLICY, CACHE, DEFAULT_VERSION, ETCD_VERSION, Proc, binary, free_port, wait_for
+from kpp import pki_reload, render
+from kpp.testing import harness
+from kpp.testing.cluster import AUDIT_POLICY, CACHE, DEFAULT_VERSION, ETCD_VERSION, Proc, binary, free_port, wait_for
 
 ROOT = harness.ROOT
 
@@ -513,7 +514,7 @@ class KubeadmNode:
 
     def start_envoy(self, peers: list["KubeadmNode"], wasm: Path, mutate=None, **overrides):
         """Envoy and, beside it as in the static pod, the pki-reload loop (renewed PKI files reload).
-        mutate: a function of the bootstrap text (kpp.mutants), for runs that must fail; overrides:
+        mutate: a function of the bootstrap text (kpp.testing.mutants), for runs that must fail; overrides:
         passed to render_kubeadm (render_envoy), e.g. leases={"local_hostname": ...}."""
         self.admin_port = self.admin_port or free_port()
         if self.pki_reload is None:

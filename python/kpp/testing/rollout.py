@@ -1,12 +1,12 @@
 """One node's Envoy restarted under load behind real load balancers: what clients see, measured.
 
-    .venv/bin/python -m kpp.rollout --mode both          # before (plain SIGTERM) and after (the drain)
+    .venv/bin/python -m kpp.testing.rollout --mode both          # before (plain SIGTERM) and after (the drain)
 
 Three nodes on 127.0.0.11-13, each a fake apiserver (a old, b and c new: a's peer-only requests are
 rerouted) behind its own Envoy with the filter (the plain profile, with TLS on the client listener),
-started by the static pod's own entrypoint (python/kpp/static_envoy.py). In front: HAProxy with kubeadm's
-HA guide configuration and an Envoy TCP proxy with active health checks (python/kpp/lb.py). Load
-(python/kpp/lbclient.py, client-go's retries): 8 keep-alive clients at 200 req/s in total through HAProxy
+started by the static pod's own entrypoint (python/kpp/testing/static_envoy.py). In front: HAProxy with kubeadm's
+HA guide configuration and an Envoy TCP proxy with active health checks (python/kpp/testing/lb.py). Load
+(python/kpp/testing/lbclient.py, client-go's retries): 8 keep-alive clients at 200 req/s in total through HAProxy
 (create, get, a peer-only list, a common list), 6 watches through HAProxy, and a kubectl-like client that
 opens a new connection for every call through the Envoy LB. Node a's Envoy is restarted like the
 kubelet restarts a static pod's container: SIGTERM, wait for exit, start again with the same bootstrap.
@@ -27,10 +27,11 @@ import threading
 import time
 from pathlib import Path
 
-from kpp import harness, lb, render, static_envoy
-from kpp.fake_apiserver import Cluster
-from kpp.kubeadm_node import mint_cert
-from kpp.topology import COMMON, FAST, NEW_ONLY
+from kpp import render
+from kpp.testing import harness, lb, static_envoy
+from kpp.testing.fake_apiserver import Cluster
+from kpp.testing.kubeadm_node import mint_cert
+from kpp.testing.topology import COMMON, FAST, NEW_ONLY
 
 NODES = {"a": ("127.0.0.11", "old"), "b": ("127.0.0.12", "new"), "c": ("127.0.0.13", "new")}
 RESTARTED = "a"
@@ -174,7 +175,7 @@ def run(mode: str, workdir: Path, *, registry=None, duration: float | None = Non
         cfg = {"lb": list(hap.listen), "kubectl_lb": ["127.0.0.1", elb_port], "ca": str(ca), "sni": SNI,
                "duration": duration, "workers": 8, "rate": 200, "kubectl_interval": 0.1, "watchers": 6,
                "namespace": NAMESPACE, "peer_only": NEW_ONLY, "common": COMMON, "run": mode}
-        loadgen = subprocess.Popen([sys.executable, "-m", "kpp.lbclient", "--config", json.dumps(cfg), "--out", str(out)],
+        loadgen = subprocess.Popen([sys.executable, "-m", "kpp.testing.lbclient", "--config", json.dumps(cfg), "--out", str(out)],
                                    stdout=subprocess.PIPE, text=True)
         line = loadgen.stdout.readline()
         if not line.startswith("START "):

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import yaml
 
-from kpp import harness
+from kpp.testing import harness
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MANIFEST = ROOT / "deploy" / "static-pod.yaml"
 CONTAINER = "envoy"
 NODE_CONFIG = "/etc/kubernetes/kube-peer-proxy/envoy.yaml"

@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from kpp.fake_apiserver import requestinfo, selector
-from kpp.fake_apiserver.discovery import (AGGREGATED_V2, AGGREGATED_V2BETA1, JSON, ApiSet, encode, etag, negotiate,
+from kpp.testing.fake_apiserver import requestinfo, selector
+from kpp.testing.fake_apiserver.discovery import (AGGREGATED_V2, AGGREGATED_V2BETA1, JSON, ApiSet, encode, etag, negotiate,
                                          resolve_apiset, resource_entry)
-from kpp.fake_apiserver.store import AlreadyExists, Conflict, Event, Expired, NotFound, Store
+from kpp.testing.fake_apiserver.store import AlreadyExists, Conflict, Event, Expired, NotFound, Store
 
 FAULT_MODES = ("ok", "500", "401", "malformed", "truncated", "timeout", "oversized")
 STREAMING_SUBRESOURCES = ("exec", "attach", "portforward")

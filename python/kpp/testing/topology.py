@@ -7,8 +7,9 @@ import json
 import urllib.error
 import urllib.request
 
-from kpp import harness, render
-from kpp.fake_apiserver import Cluster
+from kpp import render
+from kpp.testing import harness
+from kpp.testing.fake_apiserver import Cluster
 
 V2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 NOPEER = V2 + ";profile=nopeer"

@@ -25,7 +25,7 @@ import urllib.request
 from collections import deque
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 _SETUP_HINT = "run scripts/setup.sh (or make test)"
 

@@ -45,7 +45,7 @@ def served_by(apiset, gvr: dict) -> bool:
 
 def check_classes() -> None:
     """The class of every GVR agrees with the fake's old and new API sets."""
-    from kpp.fake_apiserver import builtin_apiset
+    from kpp.testing.fake_apiserver import builtin_apiset
 
     old, new = builtin_apiset("old"), builtin_apiset("new")
     for g in table():

@@ -1,4 +1,4 @@
-"""`kubeadm upgrade` on the loopback kubeadm nodes of kpp.kubeadm_node (tests/k8s/test_kubeadm_upgrade.py).
+"""`kubeadm upgrade` on the loopback kubeadm nodes of kpp.testing.kubeadm_node (tests/k8s/test_kubeadm_upgrade.py).
 
 kubeadm's upgrade commands take no --rootfs-like paths: they read /etc/kubernetes/{admin,kubelet}.conf,
 /etc/kubernetes/manifests, the PKI at the ClusterConfiguration's certificatesDir (one value for the
@@ -22,7 +22,7 @@ register the Node object (kubeadm's own `init phase mark-control-plane` then lab
 mirror each static Pod manifest into a Pod object (`<component>-<node>`, with the manifest's
 annotations, kubeadm reads the advertise address from it); during an upgrade, `StaticPods` restarts
 the kube-apiserver from each new manifest. kubeadm names the documentation-only advertise address
-192.0.2.<10+i> (see kpp.kubeadm_node) in kubelet.conf, controller-manager.conf and scheduler.conf:
+192.0.2.<10+i> (see kpp.testing.kubeadm_node) in kubelet.conf, controller-manager.conf and scheduler.conf:
 /etc/kubernetes gets their node-IP copies, and every kubeconfig there is checked to name no 192.0.2
 address before kubeadm runs. kubeadm itself runs in `PrivateNet`, where that address is unreachable.
 """
@@ -44,9 +44,9 @@ from pathlib import Path
 
 import yaml
 
-from kpp import harness
-from kpp.cluster import Proc, _die_with_parent, binary
-from kpp.kubeadm_node import APISERVER_PORT, KubeadmCluster, KubeadmNode, flag_dict, k8s_binary, manifest_command
+from kpp.testing import harness
+from kpp.testing.cluster import Proc, _die_with_parent, binary
+from kpp.testing.kubeadm_node import APISERVER_PORT, KubeadmCluster, KubeadmNode, flag_dict, k8s_binary, manifest_command
 
 ROOT = harness.ROOT
 DEPLOY_KUBEADM = ROOT / "deploy" / "kubeadm"

@@ -2,10 +2,10 @@
 
 Used by tests/k8s (imported) and by hand:
 
-    .venv/bin/python -m kpp.cluster up --dir /tmp/kpp-cp                # a: v1.36.3 minus batch/v1 and
+    .venv/bin/python -m kpp.testing.cluster up --dir /tmp/kpp-cp                # a: v1.36.3 minus batch/v1 and
                                                                         # autoscaling/v2, b: v1.36.3 full
-    .venv/bin/python -m kpp.cluster up --dir /tmp/kpp-cp --mvp          # same, with the built-in MVP on
-    .venv/bin/python -m kpp.cluster up --server a=v1.35.4 --server b=v1.36.3
+    .venv/bin/python -m kpp.testing.cluster up --dir /tmp/kpp-cp --mvp          # same, with the built-in MVP on
+    .venv/bin/python -m kpp.testing.cluster up --server a=v1.35.4 --server b=v1.36.3
 
 Binaries come from the cache that scripts/k8s/build.sh fills ($KPP_K8S_CACHE, default
 ~/.cache/kube-peer-proxy). Every kube-apiserver runs in its own UTS namespace (`unshare --uts`)
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CACHE = Path(os.environ.get("KPP_K8S_CACHE", str(Path.home() / ".cache" / "kube-peer-proxy")))
 DEFAULT_VERSION = "v1.36.3"
 SKEW_OLD_VERSION = "v1.35.4"

@@ -39,7 +39,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from kpp.sim import gvrs as gvr_defs
+from kpp.testing.sim import gvrs as gvr_defs
 
 
 @dataclass

@@ -11,7 +11,7 @@ too; discovery fetched with the static `kpp-discovery` token through the plugin'
 * an access log (JSON lines) with the upstream cluster and the request headers *after* the filter
   ran, which is how a test sees that a rerouted request carried `x-kubernetes-peer-proxied: true`.
 
-Envoy itself is launched only through kpp.harness (func-e).
+Envoy itself is launched only through kpp.testing.harness (func-e).
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ import json
 import sys
 from pathlib import Path
 
-from kpp import harness, render
-from kpp.cluster import SNI, APIServer, ControlPlane
+from kpp import render
+from kpp.testing import harness
+from kpp.testing.cluster import SNI, APIServer, ControlPlane
 
 # One discovery round per second; a server silent for 10 s stops being a routing target.
 K8S_PLUGIN = {"refresh_interval": "1s", "fetch_timeout": "3s", "staleness_limit": "10s"}

@@ -1,6 +1,6 @@
 """Rolling-upgrade simulation: zero false 404s, measured.
 
-    .venv/bin/python -m kpp.sim.upgrade_sim --duration 90 --mode both      # make upgrade-sim
+    .venv/bin/python -m kpp.testing.sim.upgrade_sim --duration 90 --mode both      # make upgrade-sim
 
 Topology per mode (everything on 127.0.0.1):
 
@@ -43,11 +43,12 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from kpp import harness, mutants, render
-from kpp.fake_apiserver import Cluster, builtin_apiset
-from kpp.fake_apiserver.store import NotFound
-from kpp.sim import classify, gvrs
-from kpp.sim.lb import FrontLB
+from kpp import render
+from kpp.testing import harness, mutants
+from kpp.testing.fake_apiserver import Cluster, builtin_apiset
+from kpp.testing.fake_apiserver.store import NotFound
+from kpp.testing.sim import classify, gvrs
+from kpp.testing.sim.lb import FrontLB
 
 NODES = ("a", "b", "c")
 # Discovery settings of the filter (the same as the e2e tests'): a round every 500 ms.
@@ -213,7 +214,7 @@ def run_mode(mode: str, duration: float, seed: int, workdir: Path, *, registry=N
         cfg = {"port": lb.listen_port, "duration": duration, "rate": rate, "workers": workers,
                "watchers_per_class": watchers_per_class, "seed": seed, "run": f"{mode}{seed}",
                "gvrs": gvrs.table()}
-        loadgen = subprocess.Popen([sys.executable, "-m", "kpp.sim.loadgen",
+        loadgen = subprocess.Popen([sys.executable, "-m", "kpp.testing.sim.loadgen",
                                     "--config", json.dumps(cfg), "--out", str(out)],
                                    stdout=subprocess.PIPE, text=True)
         line = loadgen.stdout.readline()
@@ -326,7 +327,7 @@ def examples(summary: dict, limit: int = 5, key: str = "false_examples") -> str:
 
 def filter_rules(s: dict, min_rate: float = 200.0, min_availability: float = MIN_AVAILABILITY) -> list[str]:
     """What a run with the filter must show; each failure is one line. Applied to the control (no
-    filter) and to the mutants (kpp.mutants) it must fail (tests/e2e/test_upgrade_sim.py)."""
+    filter) and to the mutants (kpp.testing.mutants) it must fail (tests/e2e/test_upgrade_sim.py)."""
     m = s["mode"]
     problems = []
     if s["rate"] < min_rate:
@@ -401,7 +402,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--duration", type=float, default=90, help="seconds of load per mode (default 90)")
     p.add_argument("--mode", choices=MODES + ("both", "mutants"), default="both",
-                   help="both = filter and control; mutants = the broken filters (kpp.mutants), which must fail")
+                   help="both = filter and control; mutants = the broken filters (kpp.testing.mutants), which must fail")
     p.add_argument("--seed", type=int, default=5)
     p.add_argument("--rate", type=float, default=300, help="target requests/s of all workers together")
     p.add_argument("--workers", type=int, default=16)

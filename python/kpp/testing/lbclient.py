@@ -1,6 +1,6 @@
 """Clients behind a load balancer that retry the way client-go does (stdlib only, its own process).
 
-    .venv/bin/python -m kpp.lbclient --config '<json>' --out results.json
+    .venv/bin/python -m kpp.testing.lbclient --config '<json>' --out results.json
 
 What is reproduced, and from where:
 

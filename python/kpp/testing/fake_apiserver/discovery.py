@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 # The recorded discovery documents of real apiservers; the Rust tests read the same files.
-FIXTURES = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "k8s-discovery"
+FIXTURES = Path(__file__).resolve().parents[4] / "tests" / "fixtures" / "k8s-discovery"
 
 JSON = "application/json"
 AGGREGATED_V2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"

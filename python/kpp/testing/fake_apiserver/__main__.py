@@ -1,6 +1,6 @@
 """Run fake apiservers until SIGINT/SIGTERM.
 
-    .venv/bin/python -m kpp.fake_apiserver --instance a:16441:old --instance b:16442:new[:legacy-only][,v2beta1]
+    .venv/bin/python -m kpp.testing.fake_apiserver --instance a:16441:old --instance b:16442:new[:legacy-only][,v2beta1]
 
 Instance syntax: NAME:PORT:APISET[:OPTION,...] with APISET `old` or `new` (port 0 picks a free port) and
 options `legacy-only` (a pre-1.26 server without aggregated discovery) and `v2beta1` (also answer v2beta1).
@@ -10,7 +10,7 @@ import argparse
 import signal
 import threading
 
-from kpp.fake_apiserver.server import Cluster
+from kpp.testing.fake_apiserver.server import Cluster
 
 _OPTIONS = {"legacy-only", "v2beta1"}
 
@@ -27,7 +27,7 @@ def _instance(spec: str) -> tuple[str, int, str, dict]:
 
 
 def main(argv: list[str] | None = None):
-    parser = argparse.ArgumentParser(prog="python -m kpp.fake_apiserver", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m kpp.testing.fake_apiserver", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--instance", type=_instance, action="append", required=True,
                         metavar="NAME:PORT:APISET[:OPTION,...]")

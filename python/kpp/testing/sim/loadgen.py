@@ -6,10 +6,10 @@ keep-alive HTTP/1.1 connection to the front load balancer, run create â†’ get â†
 a random GVR of a random class, paced so that all workers together send `--rate` requests per second;
 watcher threads hold long watches (re-established from the last resourceVersion when a stream ends).
 
-    .venv/bin/python -m kpp.sim.loadgen --config '<json>' --out results.json
+    .venv/bin/python -m kpp.testing.sim.loadgen --config '<json>' --out results.json
 
 Config: {"port", "duration", "rate", "workers", "watchers_per_class", "seed", "run", "gvrs": [...]}
-(gvrs as kpp.sim.gvrs.table()). Prints `START <monotonic time>` once all threads are about to begin; writes
+(gvrs as kpp.testing.sim.gvrs.table()). Prints `START <monotonic time>` once all threads are about to begin; writes
 every request's record to --out at the end. Times are time.monotonic(), which is one clock for all
 processes on the machine, so the orchestrator can lay them over its upgrade timeline.
 

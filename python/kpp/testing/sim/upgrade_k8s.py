@@ -1,6 +1,6 @@
 """What false 404s do to real controllers during a real kube-apiserver upgrade (`make upgrade-k8s`).
 
-Real binaries: etcd v3.6.8, three kubeadm control-plane "nodes" (kpp.kubeadm_node: kubeadm
+Real binaries: etcd v3.6.8, three kubeadm control-plane "nodes" (kpp.testing.kubeadm_node: kubeadm
 v1.36.3 PKI, kubeconfigs and apiserver flags, node IP 127.0.0.1<i>, Envoy on <node-ip>:6443, the
 apiserver on 127.0.1.1<i>:6443) starting at kube-apiserver v1.35.4, and kube-controller-manager
 v1.36.3 running only the garbage collector and the namespace controller.
@@ -36,7 +36,7 @@ Evidence: the apiservers' audit logs (per node, Metadata level), the Envoys' acc
 controller-manager's log, the workload's own responses, and the end state (which dependents are gone
 although their owner exists).
 
-    .venv/bin/python -m kpp.upgrade_k8s [--runs control,filter] [--short] [--plot docs/upgrade-k8s.png]
+    .venv/bin/python -m kpp.testing.sim.upgrade_k8s [--runs control,filter] [--short] [--plot docs/upgrade-k8s.png]
 """
 
 from __future__ import annotations
@@ -51,10 +51,10 @@ import uuid
 from datetime import datetime
 from pathlib import Path
 
-from kpp import harness, mutants
-from kpp.cluster import CACHE, Proc, free_port, wait_for
+from kpp.testing import harness, mutants
+from kpp.testing.cluster import CACHE, Proc, free_port, wait_for
 from kpp.render import DISCOVERY_USER
-from kpp.kubeadm_node import (APISERVER_PORT, SNI, KubeadmCluster, KubeadmNode, kubeconfig_credentials, request,
+from kpp.testing.kubeadm_node import (APISERVER_PORT, SNI, KubeadmCluster, KubeadmNode, kubeconfig_credentials, request,
                               write_kubeconfig)
 
 OLD, NEW = "v1.35.4", "v1.36.3"
@@ -125,7 +125,7 @@ class Run:
         assert mode in MODES, mode
         self.lb_ip = f"127.0.0.{9 + first_index}"
         self.mode, self.short = mode, short
-        # every mode but the control runs the filter (a mutant: with one deliberate break, kpp.mutants)
+        # every mode but the control runs the filter (a mutant: with one deliberate break, kpp.testing.mutants)
         self.filtered = mode != "control"
         self.mutant = mode.removeprefix("mutant-") if mode.startswith("mutant-") else None
         self.workdir = workdir
@@ -638,7 +638,7 @@ def run_one(mode: str, short: bool, base: Path, first_index: int = 1) -> dict:
 
 def filter_rules(r: dict) -> list[str]:
     """What a run with the filter must show; each failure is one line. Applied to the control (no
-    filter) and to the mutants (kpp.mutants) it must fail: tests/k8s/test_upgrade_k8s.py and
+    filter) and to the mutants (kpp.testing.mutants) it must fail: tests/k8s/test_upgrade_k8s.py and
     docs/upgrade-k8s.md ("Pass rules") record which rule trips."""
     m = r["mode"]
     out = []
