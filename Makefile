@@ -8,7 +8,7 @@ WASM := $(TARGET_DIR)/kube_peer_proxy.wasm
 PY := .venv/bin/python
 PYTEST := $(PY) -m pytest
 # Tests that need real Envoy; never skipped (see python/kpp/testing/harness.py). The Python tooling is the
-# package kpp (python/kpp), on the venv's path through scripts/setup.sh.
+# package kpp (python/kpp, python/pyproject.toml), installed editable into the venv by scripts/setup.sh.
 E2E ?= tests/e2e
 # Reproducible .wasm: the crate's own paths are already relative; dependencies' panic-location
 # strings would carry this machine's $CARGO_HOME, so it is remapped for the wasm target (a user's
@@ -63,7 +63,7 @@ dist: build
 
 # Committed demo bootstraps; tests check they match the renderer and pass `envoy --mode validate`.
 envoy-configs: setup
-	$(PY) -m kpp.render --demo envoy/demo
+	.venv/bin/kube-peer-proxy-render --demo envoy/demo
 
 clean:
 	cargo clean

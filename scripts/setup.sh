@@ -107,14 +107,35 @@ if [[ "$(cat /proc/sys/fs/inotify/max_user_instances 2>/dev/null || echo "$min_i
 fi
 
 script_hash="$(sha256sum "${BASH_SOURCE[0]}" | cut -d' ' -f1)"
-# The repository's Python tooling is one package, kpp (python/kpp: Envoy launcher, renderer, fake
-# apiserver, topology, control-plane helpers, simulation), importable from the venv as `kpp`: one .pth
-# puts python/ on the path, so no module edits sys.path. Test-only helpers under tests/ are found by
-# pytest itself. Written on every run: a clone in another folder gets its own path.
-PTH_DIRS=(python)
-if [[ -x "$VENV/bin/python" ]]; then
+# The repository's Python tooling is one package, kpp (python/pyproject.toml: the renderer and its
+# console command kube-peer-proxy-render, the test kit kpp.testing), installed into the venv editable,
+# so `.venv/bin/python` imports `kpp` from any working directory and no module edits sys.path. Checked
+# on every run, like the toolchain: an editable install points at one clone, so a clone in another
+# folder (or a changed pyproject.toml) gets its own install. setuptools (the build backend) comes from
+# PyPI when the venv lacks it; no build isolation, so nothing else is fetched.
+KPP_STAMP="$TOOLS/kpp-install.stamp"
+kpp_key() { echo "$ROOT/python $(sha256sum "$ROOT/python/pyproject.toml" | cut -d' ' -f1)"; }
+kpp_installed() {
+    [[ -f "$KPP_STAMP" && "$(cat "$KPP_STAMP")" == "$(kpp_key)" && -x "$VENV/bin/kube-peer-proxy-render" ]] || return 1
+    # From / so that the working directory cannot shadow the installed package.
+    [[ "$(cd / && "$VENV/bin/python" -c 'import kpp; print(kpp.__file__)' 2>/dev/null)" == "$ROOT/python/kpp/__init__.py" ]]
+}
+install_kpp() {
+    local site
     site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-    printf '%s\n' "${PTH_DIRS[@]/#/$ROOT/}" > "$site/kube-peer-proxy-tooling.pth"
+    rm -f "$site/kube-peer-proxy-tooling.pth"  # what setup wrote before python/pyproject.toml
+    # 70.1: the first setuptools that builds wheels (editable ones too) without the wheel package.
+    if ! "$VENV/bin/python" -c 'import setuptools, sys; sys.exit(tuple(map(int, setuptools.__version__.split(".")[:2])) < (70, 1))' 2>/dev/null; then
+        log "pip install setuptools>=70.1 (the build backend of python/pyproject.toml)"
+        "$VENV/bin/python" -m pip install --quiet "setuptools>=70.1"
+    fi
+    log "pip install -e python (kpp, kube-peer-proxy-render)"
+    mkdir -p "$TOOLS"
+    "$VENV/bin/python" -m pip install --quiet --no-build-isolation --no-deps -e "$ROOT/python"
+    kpp_key > "$KPP_STAMP"
+}
+if [[ -x "$VENV/bin/python" ]] && ! kpp_installed; then
+    install_kpp
 fi
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$script_hash" \
       && -x "$VENV/bin/python" && -x "$BIN/func-e" && -x "$BIN/kubectl" && -e "$BIN/envoy" \
@@ -131,8 +152,7 @@ if [[ ! -x "$VENV/bin/python" ]]; then
 fi
 log "pip install ${PY_PACKAGES[*]}"
 "$VENV/bin/python" -m pip install --quiet "${PY_PACKAGES[@]}"
-site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-printf '%s\n' "${PTH_DIRS[@]/#/$ROOT/}" > "$site/kube-peer-proxy-tooling.pth"
+kpp_installed || install_kpp
 
 # A go new enough for the tools below and for scripts/k8s/build.sh: the one on PATH, or go1.26.8 from the
 # Go module proxy's toolchain module, fetched with Debian's golang-go when nothing newer is there

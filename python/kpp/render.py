@@ -5,13 +5,14 @@ One Envoy sits in front of each apiserver. It has a `local` cluster (its own api
 forwarded request is never forwarded again. The same .wasm runs twice with the same vm_id: as the
 singleton discovery service (bootstrap extension) and as the HTTP filter.
 
-    python3 -m kpp.render --node a --listen 18441 --admin 19441 \
+    kube-peer-proxy-render --node a --listen 18441 --admin 19441 \
         --local 127.0.0.1:16441 --peer b=127.0.0.1:16442 --peer c=127.0.0.1:16443 \
         --wasm target/kube_peer_proxy.wasm > a.yaml
-    python3 -m kpp.render --demo envoy/demo     # regenerate the committed demo bootstraps (make envoy-configs)
+    kube-peer-proxy-render --demo envoy/demo     # regenerate the committed demo bootstraps (make envoy-configs)
 
-python/ must be on the path: the venv has it (scripts/setup.sh), elsewhere run from the repository root
-with PYTHONPATH=python.
+The command is python/pyproject.toml's console script: in .venv/bin (scripts/setup.sh), or wherever
+`pip install ./python` puts it. Without installing: `PYTHONPATH=python python3 -m kpp.render` from the
+repository root.
 """
 import argparse
 import json
@@ -491,10 +492,10 @@ def main(argv=None):
         return
     if "--kubeadm" in argv:
         return _main_kubeadm(argv)
-    p = argparse.ArgumentParser(prog="python -m kpp.render", description=__doc__,
+    p = argparse.ArgumentParser(prog="kube-peer-proxy-render", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Two profiles: this plain one (loopback, tests and the demo), and the kubeadm "
-                                       "control-plane profile: `python -m kpp.render --kubeadm PKI_DIR --help` lists "
+                                       "control-plane profile: `kube-peer-proxy-render --kubeadm PKI_DIR --help` lists "
                                        "its options (docs/deploy.md). `--demo [DIR]` writes the demo's bootstraps.")
     p.add_argument("--kubeadm", metavar="PKI_DIR",
                    help="render the kubeadm control-plane profile instead (its own options: --kubeadm PKI_DIR --help)")
@@ -525,7 +526,7 @@ def main(argv=None):
 def _main_kubeadm(argv):
     """`--kubeadm PKI_DIR`: the bootstrap of one kubeadm control-plane node (docs/deploy.md)."""
     p = argparse.ArgumentParser(
-        prog="python -m kpp.render --kubeadm", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="kube-peer-proxy-render --kubeadm", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="The kubeadm control-plane profile (docs/deploy.md): Envoy on <node-ip>:6443 for clients and "
                     "<node-ip>:<peer-port> for the other nodes' proxies, in front of the kube-apiserver moved to "
                     "127.0.0.1:6443. Peers: one --peer per other control-plane node; or lease mode "
@@ -576,4 +577,4 @@ def _main_kubeadm(argv):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
