@@ -8,12 +8,12 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, MapType};
 
 use super::host;
-use super::worker::Shared;
+use super::worker::{Body, Shared};
 use crate::metrics;
 use crate::request::forward;
 use crate::request::response;
 use crate::request::routing::MergedDoc;
-use crate::snapshot::{self, Table};
+use crate::snapshot::Table;
 
 /// A merged discovery answer waiting for the local apiserver's verdict: the local server
 /// authenticates and authorizes the request as usual, and only its 200 is replaced.
@@ -79,52 +79,5 @@ impl MergedReply {
         }
         body.write(body_size);
         true
-    }
-}
-
-/// A merged answer's body: the VM's copy, or a document published in pieces, copied into the
-/// response one piece at a time (see [`snapshot::WHOLE_LIMIT`]).
-#[derive(Clone)]
-pub enum Body {
-    Whole(Rc<Vec<u8>>),
-    Pieces {
-        key: &'static str,
-        generation: u64,
-        len: u64,
-    },
-}
-
-impl Body {
-    /// Replaces the response body (`size` bytes of the local answer's last chunk) with this one.
-    pub fn write(&self, size: usize) {
-        let (key, generation, len) = match self {
-            Body::Whole(doc) => {
-                if let Err(e) = hostcalls::set_buffer(BufferType::HttpResponseBody, 0, size, doc) {
-                    log::error!("kube-peer-proxy: cannot replace the discovery body: {e:?}");
-                }
-                return;
-            }
-            Body::Pieces { key, generation, len } => (*key, *generation, *len),
-        };
-        let mut written = 0usize;
-        for i in 0..snapshot::chunk_count(len) {
-            let piece =
-                host::shared(&snapshot::chunk_key(key, generation, i)).and_then(|v| snapshot::untag(generation, v));
-            let Some(piece) = piece else {
-                // Only if two newer snapshots were published while this loop ran (each takes a
-                // discovery round): the body stays short, and the client's JSON decoder says so.
-                log::error!(
-                    "kube-peer-proxy: piece {i} of {key} generation {generation} is gone; the answer is cut short"
-                );
-                return;
-            };
-            // The first piece replaces the local chunk; the next ones are appended.
-            let (start, drop) = if i == 0 { (0, size) } else { (written, 0) };
-            if let Err(e) = hostcalls::set_buffer(BufferType::HttpResponseBody, start, drop, &piece) {
-                log::error!("kube-peer-proxy: cannot write the discovery body: {e:?}");
-                return;
-            }
-            written += piece.len();
-        }
     }
 }
