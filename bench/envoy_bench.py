@@ -42,12 +42,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kpp import render
-from kpp.testing import harness
+from kpp.testing import harness, proc
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,11 +68,9 @@ WRK_CONNECTIONS = 50
 WARMUP_S = 3
 IDLE_S = 20
 
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 # The TLS scenarios' listener has a throw-away self-signed certificate; the load tool does not verify
 # it either (what is measured is Envoy's TLS and HTTP/2 work, not certificate checks by clients).
-_TLS_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}),
-                                          urllib.request.HTTPSHandler(context=ssl._create_unverified_context()))
+_UNVERIFIED = ssl._create_unverified_context()
 NOOP_DIR = ROOT / "bench" / "noop"
 # bench/noop/build.sh: the same cargo profile and scripts/wasm-opt.sh as the product.
 NOOP_WASM = ROOT / "target" / "bench-noop" / "kpp_bench_noop.wasm"
@@ -140,14 +137,12 @@ def rss_mib(pid: int) -> tuple[float, float]:
 
 
 def get(url: str, headers: dict | None = None, timeout: float = 10.0) -> tuple[int, dict, bytes]:
-    req = urllib.request.Request(url, headers=headers or {})
     try:
-        with (_TLS_OPENER if url.startswith("https:") else _OPENER).open(req, timeout=timeout) as r:
-            return r.status, {k.lower(): v for k, v in r.headers.items()}, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, {k.lower(): v for k, v in e.headers.items()}, e.read()
+        r = proc.request(url, headers=headers, timeout=timeout,
+                         context=_UNVERIFIED if url.startswith("https:") else None)
     except OSError:
         return 0, {}, b""
+    return r.status, r.headers, r.body
 
 
 # ---------------------------------------------------------------------------------------------

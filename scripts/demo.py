@@ -34,6 +34,7 @@ from pathlib import Path
 from kpp import render
 from kpp.testing import harness
 from kpp.testing.fake_apiserver import Cluster
+from kpp.testing.proc import OPENER
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_DIR = ROOT / ".demo"
@@ -44,7 +45,6 @@ DISCOVERY_ACCEPT = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDisco
 NEW_ONLY_GROUP = "resource.k8s.io"
 READY_TIMEOUT = 30.0
 NODES = (("a", "old"), ("b", "new"), ("c", "new"))
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 RESOURCECLAIM_YAML = """\
 apiVersion: resource.k8s.io/v1
@@ -97,7 +97,7 @@ class Probe:
     def run(self) -> tuple[bool, str]:
         req = urllib.request.Request(self.url, headers={"Accept": self.accept} if self.accept else {})
         try:
-            with _OPENER.open(req, timeout=10) as resp:
+            with OPENER.open(req, timeout=10) as resp:
                 status, headers, body = resp.status, resp.headers, resp.read().decode("utf-8", "replace")
         except urllib.error.HTTPError as e:
             status, headers, body = e.code, e.headers, e.read().decode("utf-8", "replace")

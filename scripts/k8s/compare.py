@@ -25,7 +25,6 @@ import http.client
 import json
 import os
 import signal
-import ssl
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,7 @@ from pathlib import Path
 from kpp.testing import envoyfront, harness
 from kpp.testing.cluster import (A_RUNTIME_CONFIG, CACHE, CRD_GROUP, DEFAULT_VERSION, ControlPlane, cpu_seconds,
                          crd_manifest, wait_for)
+from kpp.testing.proc import client_tls
 
 V2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 NOPEER = V2 + ";profile=nopeer"
@@ -55,8 +55,7 @@ class Client:
         scheme, rest = self.base.split("://")
         host, port = rest.split(":")
         if scheme == "https":
-            ctx = ssl.create_default_context(cafile=str(self.ca))
-            return http.client.HTTPSConnection(host, int(port), context=ctx, timeout=30)
+            return http.client.HTTPSConnection(host, int(port), context=client_tls(self.ca), timeout=30)
         return http.client.HTTPConnection(host, int(port), timeout=30)
 
     def req(self, path, method="GET", body=None, headers=None):

@@ -20,7 +20,6 @@ import argparse
 import http.client
 import json
 import os
-import ssl
 import statistics
 import sys
 import tempfile
@@ -30,6 +29,7 @@ from pathlib import Path
 from kpp import render
 from kpp.testing import envoyfront, harness
 from kpp.testing.cluster import DEFAULT_VERSION, ControlPlane, cpu_seconds
+from kpp.testing.proc import client_tls
 
 CM = "/api/v1/namespaces/default/configmaps/hop-cm"
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +49,7 @@ class Client:
             self.conn = http.client.HTTPConnection(host, int(port), timeout=30)
         else:
             self.conn = http.client.HTTPSConnection(host, int(port),
-                                                    context=ssl.create_default_context(cafile=str(ca)), timeout=30)
+                                                    context=client_tls(ca), timeout=30)
         self.h = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
         self.connects = 0
 

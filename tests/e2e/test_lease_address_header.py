@@ -23,6 +23,7 @@ import pytest
 
 from kpp import render
 from kpp.testing import harness
+from kpp.testing.proc import served_by
 from kpp.testing.fake_apiserver import Cluster
 from kpp.testing.topology import COMMON, FAST, NEW_ONLY, request
 
@@ -84,9 +85,6 @@ def attacks(insts):
             ("routing + address header, local resource", COMMON, both),
             ("routing + address header, resource only b serves", NEW_ONLY, both)]
 
-
-def served_by(r) -> str:
-    return r.headers.get("x-fake-apiserver", "")
 
 
 def requests_seen(inst) -> list[dict]:

@@ -23,6 +23,7 @@ import time
 import pytest
 
 from kpp.testing import harness
+from kpp.testing.proc import served_by
 from kpp.testing.fake_apiserver import with_resource
 from kpp.testing.topology import COMMON, NEW_ONLY, NOWHERE, Topology, V2, request
 
@@ -39,9 +40,6 @@ GUARDED = "kube_peer_proxy_peer_proxy_errors_total;type=guarded_not_found"
 UNAVAILABLE = "kube_peer_proxy_peer_proxy_errors_total;type=peer_unavailable"
 SYNC_ERRORS = "kube_peer_proxy_discovery_sync_errors_total"
 
-
-def served_by(resp) -> str:
-    return resp.headers.get("x-fake-apiserver", "")
 
 
 def set_fault(inst, mode: str, **extra) -> None:

@@ -11,12 +11,10 @@ import time
 import pytest
 
 from kpp.testing import harness
+from kpp.testing.proc import served_by
 from kpp.testing.topology import COMMON, KUBECTL_ACCEPT, NEW_ONLY, NOPEER, NOWHERE, OLD_ONLY, Topology, V2, request
 
 
-
-def served_by(resp) -> str:
-    return resp.headers.get("x-fake-apiserver", "")
 
 
 def test_new_only_resource_is_rerouted_to_a_new_server_with_the_proxied_header(topo):

@@ -40,6 +40,7 @@ from kpp import pki_reload, render
 from kpp.testing import harness
 from kpp.testing.fake_apiserver import Cluster
 from kpp.testing.kubeadm_node import mint_cert, openssl
+from kpp.testing.proc import client_tls, server_tls
 from kpp.testing.tlsload import TlsLoad
 from kpp.testing.topology import COMMON, FAST, NEW_ONLY
 
@@ -115,8 +116,7 @@ def install(pair, pki: Path, base: str, writer=write_in_place):
 
 def presented_serial(ip: str, port: int, ca: Path) -> str:
     """The serial of the serving certificate a new TLS handshake gets (verified against ca)."""
-    ctx = ssl.create_default_context(cafile=str(ca))
-    ctx.check_hostname = False
+    ctx = client_tls(ca, check_hostname=False)
     with socket.create_connection((ip, port), timeout=5) as s, ctx.wrap_socket(s) as t:
         return t.getpeercert()["serialNumber"].upper()
 
@@ -140,12 +140,7 @@ def fake_tls(pki: Pki, ca=None) -> ssl.SSLContext:
     Envoy checks; client certificates asked for (and echoed) from either front-proxy CA, as an
     apiserver's --requestheader-client-ca-file holds both during a front-proxy CA rotation."""
     crt, key = pki.serving("127.0.0.1", ca)
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(str(crt), str(key))
-    for fp in (pki.fp_ca, pki.fp_ca2):
-        ctx.load_verify_locations(str(fp[0]))
-    ctx.verify_mode = ssl.CERT_OPTIONAL
-    return ctx
+    return server_tls(crt, key, client_cas=(pki.fp_ca[0], pki.fp_ca2[0]), client_cert=ssl.CERT_OPTIONAL)
 
 
 class Node:
@@ -176,11 +171,7 @@ class Node:
         return self.reload.log_tail(200) if self.reload else ""
 
     def client_ctx(self, cert=None, ca: Path | None = None) -> ssl.SSLContext:
-        ctx = ssl.create_default_context(cafile=str(ca or self.pki / "ca.crt"))
-        ctx.check_hostname = False
-        if cert:
-            ctx.load_cert_chain(str(cert[0]), str(cert[1]))
-        return ctx
+        return client_tls(ca or self.pki / "ca.crt", *(cert or ()), check_hostname=False)
 
     def get(self, path, cert=None, ca=None, timeout=10.0):
         conn = http.client.HTTPSConnection(self.ip, self.client_port, context=self.client_ctx(cert, ca),

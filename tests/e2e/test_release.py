@@ -29,7 +29,6 @@ import sys
 import tarfile
 import threading
 import tomllib
-import urllib.request
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -38,6 +37,7 @@ import yaml
 
 from kpp import image_volume, render
 from kpp.testing import cluster, harness
+from kpp.testing.proc import status as http_status
 from kpp.testing.topology import NEW_ONLY, Topology
 
 ROOT = harness.ROOT
@@ -50,7 +50,6 @@ OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 IMAGE_REPO = "registry.example.com/kube-peer-proxy"
 # Loopback requests never go through an HTTP(S)_PROXY from the environment.
-NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def run(cmd, timeout=600, **kw) -> subprocess.CompletedProcess:
@@ -419,11 +418,7 @@ def registry(tmp_path):
     def up():
         if not proc.alive():
             raise AssertionError(f"registry exited:\n{proc.log_tail()}")
-        try:
-            with NO_PROXY.open(f"http://127.0.0.1:{port}/v2/", timeout=1) as r:
-                return r.status == 200
-        except OSError:
-            return False
+        return http_status(f"http://127.0.0.1:{port}/v2/", timeout=1) == 200
     try:
         harness.wait_until(up, 30, message=f"registry not up on :{port}:\n{proc.log_tail()}")
         yield f"127.0.0.1:{port}"

@@ -6,31 +6,18 @@ from __future__ import annotations
 
 import contextlib
 import json
-import ssl
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from kpp.testing import harness
 from kpp.testing.cluster import A_RUNTIME_CONFIG, DEFAULT_VERSION, ControlPlane
 from kpp.testing.envoyfront import Front
+from kpp.testing.proc import Response, client_tls, request
 
 V2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 NOPEER = V2 + ";profile=nopeer"
 
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-class Resp:
-    def __init__(self, status, headers, body):
-        self.status, self.headers, self.body = status, headers, body
-
-    def json(self):
-        return json.loads(self.body)
-
-    def __repr__(self):
-        return f"<{self.status} {self.body[:300]!r}>"
+Resp = Response
 
 
 def http(base: str, path: str, method: str = "GET", body=None, token: str | None = None,
@@ -43,19 +30,8 @@ def http(base: str, path: str, method: str = "GET", body=None, token: str | None
     if body is not None:
         data = json.dumps(body).encode()
         h.setdefault("Content-Type", "application/json")
-    req = urllib.request.Request(base + path, method=method, data=data, headers=h)
-    kw = {"timeout": timeout}
-    if base.startswith("https://"):
-        kw["context"] = ssl.create_default_context(cafile=str(ca))
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
-                                             urllib.request.HTTPSHandler(context=kw.pop("context")))
-    else:
-        opener = _OPENER
-    try:
-        with opener.open(req, **kw) as r:
-            return Resp(r.status, {k.lower(): v for k, v in r.headers.items()}, r.read())
-    except urllib.error.HTTPError as e:
-        return Resp(e.code, {k.lower(): v for k, v in e.headers.items()}, e.read())
+    return request(base + path, method=method, headers=h, body=data, timeout=timeout,
+                   context=client_tls(ca) if base.startswith("https://") else None)
 
 
 def gvrs(doc: dict) -> set[tuple[str, str, str]]:

@@ -771,8 +771,7 @@ class Impostor:
     """A TLS server that records every connection, handshake and byte of HTTP it receives."""
 
     def __init__(self, host: str, port: int, cert: tuple[Path, Path]):
-        self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        self.ctx.load_cert_chain(str(cert[0]), str(cert[1]))
+        self.ctx = server_tls(*cert)
         self.sock = socket.create_server((host, port))
         self.sock.settimeout(0.5)
         self.connections = self.handshakes = 0

@@ -60,7 +60,6 @@ import ssl
 import socket
 import threading
 import time
-import urllib.request
 import uuid
 
 import pytest
@@ -69,6 +68,7 @@ import yaml
 from kpp.testing import kubeadm_upgrade as ku
 from kpp.testing.cluster import DEFAULT_VERSION, SKEW_OLD_VERSION
 from kpp.testing.kubeadm_node import APISERVER_PORT, SNI, KubeadmCluster, kubeconfig_credentials, openssl
+from kpp.testing.proc import client_tls, get_json
 
 OLD, NEW = SKEW_OLD_VERSION, DEFAULT_VERSION
 CONFIG = f"--config={ku.KPP_DIR}/upgrade-config.yaml"
@@ -341,7 +341,7 @@ def serial(path) -> str:
 
 
 def presented_serial(host: str, port: int, ca) -> str:
-    ctx = ssl.create_default_context(cafile=str(ca))
+    ctx = client_tls(ca)
     with socket.create_connection((host, port), timeout=10) as s, ctx.wrap_socket(s, server_hostname=SNI) as t:
         der = t.getpeercert(binary_form=True)
     pem = ssl.DER_cert_to_PEM_cert(der)
@@ -373,9 +373,7 @@ def norm(serial_hex: str) -> str:
 
 def envoy_serials(n) -> set[str]:
     """Serial numbers of every certificate chain Envoy's admin /certs lists (listeners and clusters)."""
-    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
-            f"http://127.0.0.1:{n.admin_port}/certs", timeout=5) as r:
-        doc = json.loads(r.read())
+    doc = get_json(f"http://127.0.0.1:{n.admin_port}/certs", timeout=5)
     return {norm(c["serial_number"]) for cert in doc.get("certificates", []) for c in cert.get("cert_chain", [])}
 
 

@@ -187,8 +187,7 @@ class Impostor:
                         "-out", str(crt), "-days", "1", "-subj", "/CN=kubernetes.default.svc",
                         "-addext", "subjectAltName=DNS:kubernetes.default.svc,IP:127.0.0.1"],
                        check=True, capture_output=True)
-        self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        self.ctx.load_cert_chain(str(crt), str(key))
+        self.ctx = server_tls(crt, key)
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.connections = 0

@@ -17,15 +17,15 @@ peer listener. Each Envoy runs with the static pod's pki-reload loop beside it (
 
 from __future__ import annotations
 
-import ssl
 import time
 
 import pytest
 
 from kpp.testing import harness
 from kpp.testing.kubeadm_node import APISERVER_PORT, PEER_PORT, TOKEN_GROUP, TOKEN_USER, KubeadmCluster, \
-    kubeconfig_credentials, openssl, tls_context
+    kubeconfig_credentials, openssl
 from kpp.render import DISCOVERY_USER
+from kpp.testing.proc import client_tls
 from kpp.testing.tlsload import TlsLoad
 from k8senv import serving
 
@@ -40,8 +40,7 @@ def file_serial(crt) -> str:
 
 def presented_serial(host, port, ca) -> str:
     import socket
-    ctx = ssl.create_default_context(cafile=str(ca))
-    ctx.check_hostname = False
+    ctx = client_tls(ca, check_hostname=False)
     with socket.create_connection((host, port), timeout=5) as s, ctx.wrap_socket(s) as t:
         return t.getpeercert()["serialNumber"].upper()
 
@@ -68,7 +67,7 @@ def test_kubeadm_certs_renew_reaches_envoy_and_every_identity_survives(kc, tmp_p
     cp1, cp2 = kc.node("cp-1"), kc.node("cp-2")
     ca = cp1.pki / "ca.crt"
     admin = kubeconfig_credentials(cp1.kubeconfig("admin"), tmp_path / "creds")
-    cert_ctx = lambda: tls_context(ca, *admin)  # noqa: E731
+    cert_ctx = lambda: client_tls(ca, *admin)  # noqa: E731
     harness.wait_until(lambda: cp1.via(REROUTED, cert=admin[0], key=admin[1]).status == 200, 30,
                        message="batch/v1 through cp-1's Envoy")
     old = {n.name: (file_serial(n.pki / "apiserver.crt"), file_serial(n.pki / "front-proxy-client.crt"))
@@ -77,7 +76,7 @@ def test_kubeadm_certs_renew_reaches_envoy_and_every_identity_survives(kc, tmp_p
 
     cert_load = TlsLoad(cp1.node_ip, APISERVER_PORT, cert_ctx, [LOCAL, REROUTED], [LOCAL, REROUTED],
                         [(f"{LOCAL}", configmap), (REROUTED, job)], create_every=0.5)
-    token_load = TlsLoad(cp1.node_ip, APISERVER_PORT, lambda: tls_context(ca), [LOCAL, REROUTED], [], [],
+    token_load = TlsLoad(cp1.node_ip, APISERVER_PORT, lambda: client_tls(ca), [LOCAL, REROUTED], [], [],
                          keepalive_workers=1, headers={"Authorization": f"Bearer {kc.token}"})
     cert_load.start()
     token_load.start()

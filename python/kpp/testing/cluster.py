@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import argparse
 import base64
-import ctypes
 import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -37,6 +35,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from kpp.testing.proc import (OPENER, client_tls, die_with_parent, free_port, server_tls,  # noqa: F401
+                              wait_for)
 
 ROOT = Path(__file__).resolve().parents[3]
 CACHE = Path(os.environ.get("KPP_K8S_CACHE", str(Path.home() / ".cache" / "kube-peer-proxy")))
@@ -52,21 +53,9 @@ A_RUNTIME_CONFIG = "batch/v1=false,autoscaling/v2=false"
 WARDLE_GROUP, WARDLE_VERSION = "wardle.kpp.example", "v1alpha1"
 CRD_GROUP = "stable.kpp.example"
 
-_PR_SET_PDEATHSIG = 1
-_prctl = ctypes.CDLL(None, use_errno=True).prctl
-_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def _die_with_parent() -> None:
-    # SIGKILL, not SIGTERM: this only fires when the owner died without stop(), and then etcd goes at
-    # the same moment, which leaves a SIGTERMed kube-apiserver waiting in its graceful shutdown.
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# SIGKILL, not SIGTERM: this only fires when the owner died without stop(), and then etcd goes at
+# the same moment, which leaves a SIGTERMed kube-apiserver waiting in its graceful shutdown.
+_die_with_parent = die_with_parent(signal.SIGKILL)
 
 
 def binary(component: str, version: str) -> Path:
@@ -89,20 +78,6 @@ def have_binaries(versions=(DEFAULT_VERSION,)) -> bool:
         return True
     except RuntimeError:
         return False
-
-
-def wait_for(pred, timeout: float, what: str, interval: float = 0.25):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            r = pred()
-            if r:
-                return r
-        except Exception as e:  # noqa: BLE001 - we report the last error
-            last = e
-        time.sleep(interval)
-    raise TimeoutError(f"{what} not within {timeout}s (last error: {last!r})")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -282,7 +257,7 @@ class APIServer:
             self.proc.stop(sig)
 
     def wait_ready(self, token: str, ca: Path, timeout: float = 180.0):
-        ctx = ssl.create_default_context(cafile=str(ca))
+        ctx = client_tls(ca)
 
         def ready():
             if not self.proc.alive():
@@ -370,8 +345,7 @@ class WardleBackend:
                                         "reason": "NotFound", "code": 404})
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(str(certs / "apiserver.crt"), str(certs / "apiserver.key"))
+        ctx = server_tls(certs / "apiserver.crt", certs / "apiserver.key")
         self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -491,7 +465,7 @@ class ControlPlane:
         return self
 
     def _etcd_healthy(self) -> bool:
-        with _NO_PROXY.open(f"http://127.0.0.1:{self.etcd_port}/health", timeout=2) as r:
+        with OPENER.open(f"http://127.0.0.1:{self.etcd_port}/health", timeout=2) as r:
             return json.loads(r.read()).get("health") == "true"
 
     def stop(self):
@@ -506,7 +480,7 @@ class ControlPlane:
     # --- client helpers (direct to one apiserver, TLS verified against the cluster CA) ---
 
     def ssl_context(self) -> ssl.SSLContext:
-        return ssl.create_default_context(cafile=str(self.ca))
+        return client_tls(self.ca)
 
     def api(self, server: APIServer, path: str, method: str = "GET", body=None, token: str | None = None,
             headers: dict | None = None, timeout: float = 15.0) -> tuple[int, dict, bytes]:

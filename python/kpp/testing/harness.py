@@ -10,34 +10,29 @@ skip.
 from __future__ import annotations
 
 import atexit
-import ctypes
 import itertools
 import json
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections import deque
 from pathlib import Path
+
+from kpp.testing.proc import die_with_parent, free_port, http_get, wait_until  # noqa: F401 - re-exported
 
 ROOT = Path(__file__).resolve().parents[3]
 
 _SETUP_HINT = "run scripts/setup.sh (or make test)"
 
-# Plain opener: loopback requests must never go through an HTTP(S)_PROXY from
-# the environment.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
 _base_ids = itertools.count()
 
-_PR_SET_PDEATHSIG = 1
-# Resolved before any fork: between fork and exec the child should only call it.
-_prctl = ctypes.CDLL(None, use_errno=True).prctl
+# If this process dies without calling stop() (SIGKILL, a CI timeout), the kernel SIGTERMs the
+# launcher, and func-e takes Envoy down with it, instead of an orphan keeping the ports. Start Envoys
+# from a long-lived thread (proc.die_with_parent).
+_die_with_parent = die_with_parent(signal.SIGTERM)
 
 # Envoys that are running, so that an interpreter exit still stops them.
 _live: set[Envoy] = set()
@@ -76,50 +71,11 @@ def wasm_path() -> Path:
     return path
 
 
-def free_port() -> int:
-    """A TCP port that was free a moment ago (racy, but fine on a test box)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.1, message: str = ""):
-    """Poll predicate until it returns a truthy value, which is returned.
-
-    Raises AssertionError(message) once timeout seconds have passed.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() >= deadline:
-            raise AssertionError(message or f"condition not met within {timeout}s")
-        time.sleep(interval)
-
-
 def _next_base_id() -> int:
     # Envoy's hot-restart shared memory is keyed on the base id, so Envoys that
     # run at the same time must differ: unique per process (pid) and per
     # instance (counter), and below 2**32 because the flag is a uint32.
     return (os.getpid() % 400_000) * 10_000 + next(_base_ids) % 10_000
-
-
-def _http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
-    try:
-        with _OPENER.open(url, timeout=timeout) as resp:
-            return resp.status, resp.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode("utf-8", "replace")
-
-
-def _die_with_parent() -> None:
-    # Runs in the child between fork and exec. If this process dies without
-    # calling stop() (SIGKILL, a CI timeout), the kernel SIGTERMs the launcher,
-    # and func-e takes Envoy down with it, instead of an orphan keeping the
-    # ports. Caveat: the signal fires when the *thread* that called start()
-    # exits, so start Envoys from a long-lived thread.
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _tail(path: Path, lines: int) -> str:
@@ -220,7 +176,7 @@ class Envoy:
                     f"last log lines ({self.log_path}):\n{self.log_tail(200)}"
                 )
             try:
-                status, body = _http_get(self.admin_url + "/ready", timeout=1.0)
+                status, body = http_get(self.admin_url + "/ready", timeout=1.0)
                 if status == 200 and body.strip() == "LIVE":
                     return
             except OSError:
@@ -268,7 +224,7 @@ class Envoy:
         query = {"format": "json"}
         if filter:
             query["filter"] = filter
-        status, body = _http_get(f"{self.admin_url}/stats?{urllib.parse.urlencode(query)}")
+        status, body = http_get(f"{self.admin_url}/stats?{urllib.parse.urlencode(query)}")
         if status != 200:
             raise RuntimeError(f"envoy {self.name} /stats returned {status}: {body[:500]}")
         return {
@@ -306,7 +262,7 @@ class Envoy:
         wait_until(fresh, timeout, message=f"envoy {self.name}: members {list(servers)} not all fresh within {timeout}s")
 
     def prometheus(self) -> str:
-        status, body = _http_get(self.admin_url + "/stats/prometheus")
+        status, body = http_get(self.admin_url + "/stats/prometheus")
         if status != 200:
             raise RuntimeError(f"envoy {self.name} /stats/prometheus returned {status}")
         return body

@@ -40,19 +40,18 @@ import secrets
 import shutil
 import signal
 import socket
-import ssl
 import subprocess
 import sys
 import tempfile
 import time
 import http.client
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kpp import pki_reload, render
 from kpp.testing import harness
-from kpp.testing.cluster import AUDIT_POLICY, CACHE, DEFAULT_VERSION, ETCD_VERSION, Proc, binary, free_port, wait_for
+from kpp.testing.cluster import AUDIT_POLICY, CACHE, DEFAULT_VERSION, ETCD_VERSION, Proc, binary
+from kpp.testing.proc import client_tls, free_port, get_json, wait_for
 
 ROOT = harness.ROOT
 
@@ -210,20 +209,13 @@ class _Conn(http.client.HTTPSConnection):
         self.sock = self._context.wrap_socket(sock, server_hostname=self._sni or self.host)
 
 
-def tls_context(ca: Path, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=str(ca))
-    if cert:
-        ctx.load_cert_chain(str(cert), str(key))
-    return ctx
-
-
 def request(host: str, port: int, path: str, *, ca: Path, method: str = "GET", cert: Path | None = None,
             key: Path | None = None, token: str | None = None, headers=None, body=None,
             source: str | None = None, sni: str | None = None, timeout: float = 20.0) -> Resp:
     """One HTTP/1.1 request over TLS (verified against ca). headers: a dict or a list of pairs, sent
     exactly as given (case kept). source: the local address to bind (distinct client IPs).
     TLS failures raise ssl.SSLError / ConnectionError (the caller decides what that means)."""
-    conn = _Conn(host, port, sni, context=tls_context(ca, cert, key), timeout=timeout,
+    conn = _Conn(host, port, sni, context=client_tls(ca, cert, key), timeout=timeout,
                  source_address=(source, 0) if source else None)
     try:
         hs = list(headers.items()) if isinstance(headers, dict) else list(headers or [])
@@ -270,9 +262,7 @@ class Etcd:
         ], d / "etcd.log").start()
 
         def healthy():
-            opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-            with opener.open(self.url + "/health", timeout=2) as r:
-                return json.loads(r.read()).get("health") == "true"
+            return get_json(self.url + "/health").get("health") == "true"
         wait_for(healthy, 30, "etcd /health")
         return self
 

@@ -45,7 +45,7 @@ from pathlib import Path
 import yaml
 
 from kpp.testing import harness
-from kpp.testing.cluster import Proc, _die_with_parent, binary
+from kpp.testing.cluster import Proc, _die_with_parent, binary  # SIGKILL, as the nodes' processes
 from kpp.testing.kubeadm_node import APISERVER_PORT, KubeadmCluster, KubeadmNode, flag_dict, k8s_binary, manifest_command
 
 ROOT = harness.ROOT

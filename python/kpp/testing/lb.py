@@ -22,10 +22,10 @@ import string
 import subprocess
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+from kpp.testing.proc import get_json
+
 
 # kubeadm's HA guide, "haproxy configuration" (kubernetes/kubeadm docs/ha-considerations.md), verbatim.
 KUBEADM_GUIDE_HAPROXY_CFG = """\
@@ -278,8 +278,7 @@ class EnvoyLBWatcher:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def poll(self) -> dict[str, str]:
-        with _OPENER.open(self.url, timeout=2) as r:
-            doc = json.load(r)
+        doc = get_json(self.url)
         out = {}
         for c in doc.get("cluster_statuses", []):
             if c.get("name") != "apiservers":

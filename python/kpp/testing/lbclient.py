@@ -38,6 +38,8 @@ import sys
 import threading
 import time
 
+from kpp.testing.proc import client_tls
+
 MAX_RETRIES = 10  # client-go's default (rest.Request maxRetries)
 REQUEST_TIMEOUT = 10.0
 WATCH_BACKOFF = 0.8  # the Reflector's backoff manager's initial wait
@@ -163,7 +165,7 @@ class Client:
 class Run:
     def __init__(self, cfg):
         self.cfg = cfg
-        self.ctx = ssl.create_default_context(cafile=cfg["ca"])
+        self.ctx = client_tls(cfg["ca"])
         self.lock = threading.Lock()
         self.records: list = []
         self.created: list = []  # [name, t] of every 201

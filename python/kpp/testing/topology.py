@@ -4,12 +4,11 @@ sharing one store, and real Envoy with the real .wasm in front of a (peers b and
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 
 from kpp import render
 from kpp.testing import harness
 from kpp.testing.fake_apiserver import Cluster
+from kpp.testing.proc import Response, request  # noqa: F401 - re-exported: the tests import them from here
 
 V2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 NOPEER = V2 + ";profile=nopeer"
@@ -25,27 +24,6 @@ NOWHERE = "/apis/nothing.example.com/v1/widgets"
 
 # Plugin settings that make tests quick without racing: a round every 500 ms.
 FAST = {"refresh_interval": "500ms", "fetch_timeout": "1s", "staleness_limit": "5s"}
-
-
-class Response:
-    def __init__(self, status: int, headers: dict[str, str], body: bytes):
-        self.status, self.headers, self.body = status, headers, body
-
-    def json(self):
-        return json.loads(self.body)
-
-    def __repr__(self):
-        return f"<{self.status} {self.headers.get('x-fake-apiserver')} {self.body[:200]!r}>"
-
-
-def request(url: str, method: str = "GET", headers: dict | None = None, body: bytes | None = None,
-            timeout: float = 10.0) -> Response:
-    req = urllib.request.Request(url, method=method, headers=headers or {}, data=body)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return Response(r.status, {k.lower(): v for k, v in r.headers.items()}, r.read())
-    except urllib.error.HTTPError as e:
-        return Response(e.code, {k.lower(): v for k, v in e.headers.items()}, e.read())
 
 
 class Topology:

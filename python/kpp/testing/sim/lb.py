@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import os
 import time
-import urllib.request
 from pathlib import Path
 
+from kpp.testing.proc import get_json
+
 CLUSTER = "apiservers"
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def render_lb(listen_port: int, admin_port: int, eds_dir: Path) -> str:
@@ -88,8 +88,7 @@ class FrontLB:
         os.replace(tmp, self.eds_dir / "eds.json")
 
     def active_ports(self) -> set[int]:
-        with _OPENER.open(f"http://127.0.0.1:{self.admin_port}/clusters?format=json", timeout=2) as r:
-            doc = json.load(r)
+        doc = get_json(f"http://127.0.0.1:{self.admin_port}/clusters?format=json")
         ports = set()
         for cluster in doc.get("cluster_statuses", []):
             if cluster.get("name") == CLUSTER:

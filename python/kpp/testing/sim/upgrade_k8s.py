@@ -52,7 +52,8 @@ from datetime import datetime
 from pathlib import Path
 
 from kpp.testing import harness, mutants
-from kpp.testing.cluster import CACHE, Proc, free_port, wait_for
+from kpp.testing.cluster import CACHE, Proc
+from kpp.testing.proc import free_port, wait_for
 from kpp.render import DISCOVERY_USER
 from kpp.testing.kubeadm_node import (APISERVER_PORT, SNI, KubeadmCluster, KubeadmNode, kubeconfig_credentials, request,
                               write_kubeconfig)

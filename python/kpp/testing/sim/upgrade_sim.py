@@ -38,13 +38,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from kpp import render
-from kpp.testing import harness, mutants
+from kpp.testing import harness, mutants, proc
 from kpp.testing.fake_apiserver import Cluster, builtin_apiset
 from kpp.testing.fake_apiserver.store import NotFound
 from kpp.testing.sim import classify, gvrs
@@ -68,7 +66,6 @@ FILTER_OUTCOMES = {"2xx", "404 genuine", "404 object not found", classify.F503, 
 DRAIN_GRACE = 0.3  # seconds between leaving the LB and stop, for short in-flight requests to finish
 V2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 SIM_NODE_HEADER = "x-kpp-sim-node"  # discovery_headers: tells which Envoy a discovery fetch came from
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 @dataclass
@@ -88,16 +85,6 @@ def make_schedule(duration: float, seed: int) -> list[Upgrade]:
             for i, n in enumerate(NODES)]
 
 
-def _get(url: str, headers: dict | None = None, timeout: float = 2.0) -> int:
-    req = urllib.request.Request(url, headers=headers or {})
-    try:
-        with _OPENER.open(req, timeout=timeout) as r:
-            r.read()
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except OSError:
-        return 0
 
 
 class Launcher:
@@ -129,8 +116,8 @@ def seconds(duration: str) -> float:
 def in_service(envoy_port: int, server_port: int) -> bool:
     """The definition of "in service", the same in both modes: /readyz answers through the server's
     Envoy and a direct GET /apis on the server answers."""
-    return (_get(f"http://127.0.0.1:{envoy_port}/readyz") == 200
-            and _get(f"http://127.0.0.1:{server_port}/apis", {"Accept": V2}) == 200)
+    return (proc.status(f"http://127.0.0.1:{envoy_port}/readyz") == 200
+            and proc.status(f"http://127.0.0.1:{server_port}/apis", {"Accept": V2}) == 200)
 
 
 def wasm_panics(envoy: harness.Envoy) -> int:
@@ -196,12 +183,12 @@ def run_mode(mode: str, duration: float, seed: int, workdir: Path, *, registry=N
         lb.set_members(all_members)
         for n in NODES:
             if filtered:
-                harness.wait_until(lambda n=n: _get(f"http://127.0.0.1:{ports[n][0]}/apis", {"Accept": V2}) == 200
+                harness.wait_until(lambda n=n: proc.status(f"http://127.0.0.1:{ports[n][0]}/apis", {"Accept": V2}) == 200
                                    and _fresh_everywhere(envoys[n]), 20,
                                    message=f"Envoy {n}: no snapshot with all servers fresh within 20 s")
-            harness.wait_until(lambda n=n: _get(f"http://127.0.0.1:{ports[n][0]}/version") == 200, 10,
+            harness.wait_until(lambda n=n: proc.status(f"http://127.0.0.1:{ports[n][0]}/version") == 200, 10,
                                message=f"Envoy {n} does not reach its apiserver")
-        harness.wait_until(lambda: _get(f"http://127.0.0.1:{lb.listen_port}/version") == 200, 10,
+        harness.wait_until(lambda: proc.status(f"http://127.0.0.1:{lb.listen_port}/version") == 200, 10,
                            message="front LB does not answer")
         t_setup = time.monotonic()
         for n in NODES:
