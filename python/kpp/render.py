@@ -36,7 +36,7 @@ LABELS = ["code", "group", "version", "resource", "type", "server", "doc"]
 # The health paths a load balancer checks (docs/deploy.md "Load balancer"): `/healthz` (kubeadm's HA
 # guide checks it) and `/readyz`, with any query, never their sub-checks. Envoy's health_check filter
 # answers them 503 once Envoy is failed for health checks (admin /healthcheck/fail: the static pod's
-# termination), the filter answers them 503 before its first discovery snapshot (src/health.rs: the
+# termination), the filter answers them 503 before its first discovery snapshot (src/request/readiness.rs: the
 # same paths), otherwise they reach the local apiserver. `/livez` is always forwarded.
 HEALTH_PATH_REGEX = r"^/(healthz|readyz)(\?.*)?$"
 # An HTTP/1.0 request without a Host header (HAProxy's `http-check send meth GET uri /healthz`) gets
@@ -249,7 +249,7 @@ DISCOVERY_USER = "system:kube-peer-proxy"
 # The certless twin of the local cluster (requests without an asserted identity).
 ANON_SUFFIX = "-anon"
 KUBEADM_SNI = "kubernetes.default.svc"
-# Every client copy of a header with this prefix is removed (src/identity.rs REMOTE_PREFIX).
+# Every client copy of a header with this prefix is removed (src/request/identity.rs REMOTE_PREFIX).
 REMOTE_PREFIX = "x-remote-"
 
 

@@ -1,7 +1,7 @@
 """Membership separate from freshness, local first, and the 404 guard, Envoy in the loop (real Envoy, the real
 .wasm, fake apiservers). `a` (old, 1.33 API set) is the local server; `b` and `c` are its peers.
 
-The rules under test (src/routing.rs `decide_with`, src/guard.rs):
+The rules under test (src/request/routing.rs `decide_with`, src/request/guard.rs):
 * every configured server is always a member; what it was last seen to serve counts however old, but it is
   routed to only while its data is fresh and it is reachable;
 * requests go to the local server first, from Envoy's first second: no blanket 503 before the first snapshot;

@@ -116,7 +116,7 @@ def test_before_the_first_snapshot_local_requests_succeed_and_peer_only_ones_get
     r = topo.get("/apis", accept=V2)
     assert (r.status, served_by(r)) == (200, "a")
     assert r.body == request(f"{topo.a.url}/apis", headers={"Accept": V2}).body
-    # A load balancer keeps the node out until it can route (src/health.rs); liveness is the apiserver's.
+    # A load balancer keeps the node out until it can route (src/request/readiness.rs); liveness is the apiserver's.
     for path in ("/healthz", "/readyz"):
         r = topo.get(path)
         assert (r.status, r.headers.get("x-kube-peer-proxy-reply"), served_by(r)) == (503, "true", ""), (path, r)

@@ -88,7 +88,7 @@ def _covers(merged: list[tuple[float, float]], t0: float, t1: float) -> bool:
     return any(a <= t0 and t1 <= b for a, b in merged)
 
 
-FILTER_PREFIX = "kube-peer-proxy:"  # the filter's own Status messages start with this (src/status.rs)
+FILTER_PREFIX = "kube-peer-proxy:"  # the filter's own Status messages start with this (src/request/reply.rs)
 F503 = "503 from the filter (Status, Retry-After)"
 E503 = "503 from Envoy: upstream unreachable (Status, Retry-After)"
 VM503 = "503 from Envoy: wasm VM failed (Status, empty message)"
