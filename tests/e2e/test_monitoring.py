@@ -199,3 +199,368 @@ def test_rules_and_dashboard_name_only_what_envoy_exports_and_promtool_passes(en
     r = subprocess.run([P.binary("promtool"), "test", "rules", "rules_test.yaml"], cwd=work, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode != 0 and "KubePeerProxyMemberNotFresh" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+# ---- a real Prometheus scraping the simulated upgrade ------------------------------------------------
+
+SIM_DURATION = 30.0
+SIM_SEED = 5
+DOCS = harness.ROOT / "docs"
+
+
+class ScrapedEnvoys:
+    """The pytest Envoy registry, and every node Envoy it starts becomes a scrape target (front LB aside)."""
+
+    def __init__(self, registry, prom: P.Prometheus):
+        self.registry, self.prom, self.admin = registry, prom, {}
+
+    def start(self, yaml, name, admin_port, **kwargs):
+        envoy = self.registry.start(yaml, name, admin_port, **kwargs)
+        if not name.endswith("front-lb"):
+            node = name.rsplit("-", 1)[-1]
+            self.admin[node] = admin_port
+            self.prom.set_target(node, admin_port)
+        else:  # the simulation starts its front LB after the nodes: hold it until Prometheus scrapes them
+            for node in self.admin:
+                self.prom.wait_scraped(node, 20)
+        return envoy
+
+
+@pytest.fixture
+def prom(tmp_path):
+    p = P.Prometheus(tmp_path / "prometheus", P.scaled_rules(SCALE)).start()
+    yield p
+    bad = p.rule_health()
+    p.stop()
+    assert not bad, f"rules that failed to evaluate: {bad}"
+
+
+
+def status_text(admin: dict[str, int], interval: float = 1.0, width: int = 110) -> str:
+    r = subprocess.run([shutil.which("kube-peer-proxy-status") or str(harness.ROOT / ".venv/bin/kube-peer-proxy-status"),
+                        "--interval", str(interval), "--width", str(width),
+                        *[f"{n}=127.0.0.1:{p}" for n, p in sorted(admin.items())]],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def nonempty_at(prom, expr: str, at: float) -> bool:
+    return bool(prom.query(expr, at))
+
+
+def nonempty_within(prom, expr: str, start: float, end: float) -> list[float]:
+    """The moments (step 1 s) in [start, end] at which expr has a value."""
+    return sorted({float(t) for s in prom.query_range(expr, start, end) for t, _v in s["values"]})
+
+
+def test_dashboard_has_data_during_a_simulated_upgrade_and_no_alert_fires(envoys, prom, tmp_path):
+    from kpp.testing.sim import upgrade_sim
+
+    launcher = ScrapedEnvoys(envoys, prom)
+    schedule = upgrade_sim.make_schedule(SIM_DURATION, SIM_SEED)
+    started = threading.Event()
+    t0_wall = []
+
+    def log(line):
+        print(line, flush=True)
+        if "load started" in line:
+            t0_wall.append(time.time())
+            started.set()
+
+    result = {}
+    sim = threading.Thread(target=lambda: result.update(upgrade_sim.run_mode(
+        "filter", SIM_DURATION, SIM_SEED, tmp_path / "sim", registry=launcher, log=log)), daemon=True)
+    sim.start()
+    assert started.wait(120), "the simulation did not start its load"
+    # The status view while b is down (its stop is 0.3 s after its drain), rates over 1 s.
+    b = schedule[1]
+    time.sleep(max(0.0, t0_wall[0] + b.at + 0.3 + 0.2 - time.time()))
+    status_during = status_text(launcher.admin)
+    print("kube-peer-proxy-status while b is down:\n" + status_during)
+    sim.join(SIM_DURATION + 180)
+    assert not sim.is_alive() and result, "the simulation did not finish"
+    s = result
+    print(upgrade_sim.schedule_table(s))
+    t0 = s["t0_wall"]
+    ups = {u["server"]: {k: t0 + v for k, v in u.items() if isinstance(v, float) and k != "pause"} for u in s["upgrades"]}
+    before = t0 + schedule[0].at - 0.5  # load running for a while, nothing upgraded yet
+    after_a = ups["a"]["ready"] + 3.0  # a is new and serves no old-only resource: reroutes
+    end = t0 + SIM_DURATION - 0.5
+
+    # Every node's members were scraped: three nodes times three members.
+    assert len(prom.query("kube_peer_proxy_server_fresh", before)) == 9
+    queries = P.dashboard_queries(RATE)
+    moments = {}
+    for title, expr in queries:
+        if "certificate" in title or "alerts" in title.lower():
+            continue  # TLS only / alerts only: test_each_alert_... checks them when they have data
+        if title.startswith("Filter 503s") or title.startswith("Discovery errors"):
+            # nothing before the first upgrade; something while a server is down, for each one
+            assert not prom.query(expr, before), (title, prom.query(expr, before))
+            for n, u in ups.items():
+                seen = nonempty_within(prom, expr, u["stop"], u["ready"] + 5)
+                if title.startswith("Discovery errors"):
+                    assert seen, f"{title}: no data while {n} was down ({expr})"
+                moments.setdefault(title, []).extend(seen)
+            assert moments.get(title), f"{title}: no data during any upgrade ({expr})"
+        elif title.startswith("Rerouted"):
+            assert prom.query(expr, after_a), f"{title}: no data after a was upgraded ({expr})"
+            moments[title] = [after_a]
+        else:
+            assert prom.query(expr, before), f"{title}: no data during the load ({expr})"
+            moments[title] = [before]
+    print("dashboard queries with data:", {k: len(v) for k, v in moments.items()})
+    # The snapshot generation moved on every node while the API sets changed.
+    gens = {(r["metric"]["node"]): (float(r["value"][1])) for r in prom.query("kube_peer_proxy_snapshot_generation", before)}
+    gens_end = {(r["metric"]["node"]): (float(r["value"][1])) for r in prom.query("kube_peer_proxy_snapshot_generation", end)}
+    assert all(gens_end[n] > gens[n] for n in gens), (gens, gens_end)
+    # An ordinary rolling upgrade (each server down 2-3 s, i.e. 2-3 min at the rules' scale) pages nobody.
+    fired = prom.query_range('ALERTS{alertstate="firing"}', t0 - 5, end)
+    pending = prom.query_range('ALERTS{alertstate="pending"}', t0 - 5, end)
+    print("pending during the upgrade:", sorted({(x["metric"]["alertname"], x["metric"].get("node", "")) for x in pending}))
+    assert not fired, [x["metric"] for x in fired]
+    # The status view showed b not fresh, or its discovery errors, while it was down.
+    assert "node a" in status_during and "node c" in status_during, status_during
+    assert "b: NOT FRESH" in status_during or "b unreachable" in status_during, status_during
+    plot(prom, ups, t0, end, tmp_path / "what-to-watch.png")
+    if os.environ.get("KPP_UPDATE_DOCS") == "1":
+        shutil.copy(tmp_path / "what-to-watch.png", DOCS / "what-to-watch.png")
+        (DOCS / "what-to-watch-status.txt").write_text(status_during)
+
+
+def plot(prom, ups: dict, t0: float, end: float, out: Path):
+    """Four panels of the dashboard from this run's Prometheus data, the servers' downtimes shaded."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [
+        ("members fresh, per node", "sum by (node) (kube_peer_proxy_server_fresh)", "{node}"),
+        ("rerouted requests/s by code", f"sum by (code) (rate(kube_peer_proxy_rerouted_request_total[{RATE}]))", "{code}"),
+        ("filter 503s/s by reason", f"sum by (type) (rate(kube_peer_proxy_peer_proxy_errors_total[{RATE}]))", "{type}"),
+        ("discovery errors/s by server", f"sum by (server, type) (rate(kube_peer_proxy_discovery_sync_errors_total[{RATE}]))",
+         "{server} {type}"),
+        ("seconds since a member's last success", "max by (server) (kube_peer_proxy_server_last_success_age_seconds)",
+         "{server}"),
+    ]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 2.1 * len(panels)), sharex=True)
+    for ax, (title, expr, legend) in zip(axes, panels):
+        for s in sorted(prom.query_range(expr, t0 - 2, end, 0.5), key=lambda s: str(s["metric"])):
+            xs = [float(t) - t0 for t, _ in s["values"]]
+            ys = [float(v) for _, v in s["values"]]
+            ax.plot(xs, ys, label=legend.format(**{k: s["metric"].get(k, "") for k in ("node", "code", "type", "server")}))
+        for n, u in ups.items():
+            ax.axvspan(u["stop"] - t0, u["ready"] - t0, color="0.85")
+        ax.set_title(title, fontsize=9, loc="left")
+        ax.legend(fontsize=7, loc="upper right", ncol=3)
+        ax.tick_params(labelsize=7)
+    for n, u in ups.items():
+        axes[0].text((u["stop"] + u["ready"]) / 2 - t0, 0.5, f"{n} down", ha="center", fontsize=7)
+    axes[-1].set_xlabel(f"seconds after the load started (shaded: a server stopped until in service again; "
+                        f"Prometheus 1 s scrape, rate over {RATE})", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+
+
+# ---- each alert fires on its condition and clears ------------------------------------------------------
+
+class Load(threading.Thread):
+    """GETs of one URL in a loop until stopped (a client that keeps asking)."""
+
+    def __init__(self, url: str, headers: dict | None = None, pace: float = 0.02):
+        super().__init__(daemon=True)
+        self.url, self.headers, self.pace, self.stop_ = url, headers, pace, threading.Event()
+        self.codes: dict[int, int] = {}
+
+    def run(self):
+        while not self.stop_.is_set():
+            c = status(self.url, self.headers)
+            self.codes[c] = self.codes.get(c, 0) + 1
+            time.sleep(self.pace)
+
+    def stop(self):
+        self.stop_.set()
+        self.join(5)
+
+
+def plain_envoy(envoys, prom, name, local, peers, plugin=FAST, wasm=None, mutant=None, **kw):
+    port, admin = harness.free_port(), harness.free_port()
+    yaml = render.render_bootstrap(node="a", listen_port=port, admin_port=admin, local=("127.0.0.1", local.port),
+                                   peers=[(p.name, "127.0.0.1", p.port) for p in peers],
+                                   wasm_path=str(wasm or harness.wasm_path()), plugin=plugin, **kw)
+    if mutant:
+        yaml = mutants.mutate(yaml, mutant)
+    envoy = envoys.start(yaml, name, admin, component_log_level="wasm:info")
+    prom.set_target(name, admin)
+    return envoy, f"http://127.0.0.1:{port}"
+
+
+class Phase:
+    """One condition on one Envoy: fire, then clear; the measured seconds, from the moment the condition
+    began and ended."""
+
+    def __init__(self, prom, results: dict, node: str):
+        self.prom, self.results, self.node = prom, results, node
+
+    def fires(self, alert: str, since: float, timeout: float = 40, **labels) -> float:
+        dt = P.wait_alert(self.prom, alert, True, timeout, since, instance=self.prom.instance(self.node), **labels)
+        self.results.setdefault((alert, self.node), {})["fire"] = round(dt, 1)
+        return dt
+
+    def clears(self, alert: str, since: float, timeout: float = 40, **labels) -> float:
+        dt = P.wait_alert(self.prom, alert, False, timeout, since, instance=self.prom.instance(self.node), **labels)
+        self.results.setdefault((alert, self.node), {})["clear"] = round(dt, 1)
+        return dt
+
+
+def members_phase(envoys, prom, results, cluster):
+    """Envoy A in front of a, with peers b and c: b refuses discovery (401), then b and c go away."""
+    a, b, c = (cluster.instances[n] for n in "abc")
+    envoy, url = plain_envoy(envoys, prom, "members", a, [b, c])
+    envoy.wait_fresh(["a", "b", "c"], 20)
+    prom.wait_scraped("members", 20)
+    ph = Phase(prom, results, "members")
+    t = time.monotonic()
+    fault(b, "401")
+    ph.fires("KubePeerProxyDiscoveryRefused", t, server="b")
+    ph.fires("KubePeerProxyMemberNotFresh", t, server="b")  # after staleness_limit (5 s) + for
+    t = time.monotonic()
+    fault(b, "ok")
+    ph.clears("KubePeerProxyMemberNotFresh", t, server="b")
+    ph.clears("KubePeerProxyDiscoveryRefused", t, server="b")
+    # b and c gone: what only they serve gets the filter's 503 (peer_unavailable) while a client asks.
+    load = Load(url + NEW_ONLY)
+    load.start()
+    t = time.monotonic()
+    b.stop()
+    c.stop()
+    try:
+        ph.fires("KubePeerProxyDiscoveryErrors", t, server="c", type="unreachable")
+        ph.fires("KubePeerProxySustained503s", t, type="peer_unavailable")
+        t = time.monotonic()
+        cluster.start("b", b.port, apiset="new")
+        cluster.start("c", c.port, apiset="new")
+        ph.clears("KubePeerProxySustained503s", t, type="peer_unavailable")
+        ph.clears("KubePeerProxyDiscoveryErrors", t, server="c", type="unreachable")
+    finally:
+        load.stop()
+    print("members phase, client answers:", load.codes)
+
+
+def reroute_phase(envoys, prom, results, cluster):
+    """A filter whose reroutes cannot connect (kpp.testing.mutants dead-peer) while a client asks for
+    what only a peer serves; then the client stops."""
+    a, b, c = (cluster.instances[n] for n in "abc")
+    envoy, url = plain_envoy(envoys, prom, "reroute", a, [b, c], mutant="dead-peer")
+    envoy.wait_fresh(["a", "b", "c"], 20)
+    prom.wait_scraped("reroute", 20)
+    ph = Phase(prom, results, "reroute")
+    load = Load(url + NEW_ONLY, pace=0.05)
+    t = time.monotonic()
+    load.start()
+    try:
+        ph.fires("KubePeerProxyRerouteFailures", t)
+    finally:
+        load.stop()
+    ph.clears("KubePeerProxyRerouteFailures", time.monotonic())
+    print("reroute phase, client answers:", load.codes)
+
+
+def vm_phase(envoys, prom, results, cluster, crash_wasm):
+    """A filter VM that traps (tests/e2e/crash_filter, the same plugin names) on a request header."""
+    envoy, url = plain_envoy(envoys, prom, "vm", cluster.instances["a"], [], wasm=crash_wasm,
+                             failure_policy="FAIL_RELOAD")
+    prom.wait_scraped("vm", 20)
+    ph = Phase(prom, results, "vm")
+    t = time.monotonic()
+    for _ in range(3):
+        assert request(url + "/version", headers={"x-crash-vm": "1"}).status == 503
+        time.sleep(1.2)  # past the reload backoff: the next request gets a fresh VM
+        request(url + "/version")
+    ph.fires("KubePeerProxyWasmVMReloaded", t, plugin="filter")
+    ph.clears("KubePeerProxyWasmVMReloaded", time.monotonic())
+
+
+def cert_phase(envoys, prom, results, tmp: Path, dashboard_checks: dict):
+    """A kubeadm node whose serving and front-proxy-client certificates expire in 2 days; a renewal
+    with a key that does not match; then a good renewal for a year."""
+    node = KubeadmNode(tmp / "kubeadm", envoys, days=2)
+    try:
+        prom.set_target("cert", node.admin)
+        prom.wait_scraped("cert", 20)
+        ph = Phase(prom, results, "cert")
+        t = time.monotonic()
+        ph.fires("KubePeerProxyCertificateExpiring", t, envoy_tls_certificate="serving")
+        ph.fires("KubePeerProxyCertificateExpiresSoon", t, envoy_tls_certificate="serving")
+        expr = dict(P.dashboard_queries(RATE))["Days until certificate expiry (kubeadm profile)"]
+        days = {r["metric"]["envoy_tls_certificate"]: float(r["value"][1]) for r in prom.query(expr)
+                if r["metric"]["instance"] == prom.instance("cert")}
+        dashboard_checks["Days until certificate expiry (kubeadm profile)"] = days
+        assert 1 < days["serving"] < 2 and days["cluster-ca"] > 3000, days
+        t = time.monotonic()
+        wrong = node.leaf("apiserver", 365)
+        node.install((wrong[0], node.leaf("apiserver", 365)[1]), "apiserver")  # a key of another certificate
+        ph.fires("KubePeerProxyKeyRotationFailed", t, envoy_xds_resource_name="serving")
+        t = time.monotonic()
+        node.install(node.leaf("apiserver", 365), "apiserver")
+        node.install(node.leaf("front-proxy-client", 365), "front-proxy-client")
+        ph.clears("KubePeerProxyCertificateExpiresSoon", t)
+        ph.clears("KubePeerProxyCertificateExpiring", t)
+        ph.clears("KubePeerProxyKeyRotationFailed", t)  # 10 s (10 min / SCALE) after the refusal
+    finally:
+        node.close()
+
+
+@pytest.fixture(scope="module")
+def crash_wasm():
+    target = harness.ROOT / "target" / "crash-filter"
+    r = subprocess.run(["cargo", "build", "--offline", "--release", "--target", "wasm32-wasip1", "--manifest-path",
+                        str(harness.ROOT / "tests" / "e2e" / "crash_filter" / "Cargo.toml"), "--target-dir", str(target)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return target / "wasm32-wasip1" / "release" / "crash_filter.wasm"
+
+
+def test_each_alert_fires_on_its_condition_and_clears(envoys, prom, tmp_path, crash_wasm):
+    results: dict = {}
+    dashboard_checks: dict = {}
+    cluster = Cluster()
+    errors = []
+    try:
+        for n, apiset in (("a", "old"), ("b", "new"), ("c", "new")):
+            cluster.start(n, apiset=apiset)
+        # the reroute mutant needs peers that stay up: its own b and c
+        other = Cluster()
+        for n, apiset in (("a", "old"), ("b", "new"), ("c", "new")):
+            other.start(n, apiset=apiset)
+
+        def run(fn, *args):
+            try:
+                fn(envoys, prom, results, *args)
+            except BaseException as e:  # noqa: BLE001 - reported below with the others
+                errors.append(f"{fn.__name__}: {e!r}")
+        phases = [threading.Thread(target=run, args=a) for a in (
+            (members_phase, cluster), (reroute_phase, other), (vm_phase, cluster, crash_wasm),
+            (cert_phase, tmp_path, dashboard_checks))]
+        for th in phases:
+            th.start()
+        # While they run: the dashboard's alert panel has data once something fires.
+        alerts_expr = dict(P.dashboard_queries(RATE))["Firing kube-peer-proxy alerts"]
+        wait_until(lambda: prom.query(alerts_expr), 60, 0.5, message="the alerts panel never had data")
+        dashboard_checks["Firing kube-peer-proxy alerts"] = [r["metric"]["alertname"] for r in prom.query(alerts_expr)]
+        for th in phases:
+            th.join(180)
+        other.stop_all()
+    finally:
+        cluster.stop_all()
+    print("seconds from the condition to firing / from its end to clearing:")
+    for (alert, node), r in sorted(results.items()):
+        print(f"  {alert:38} {node:8} fire {r.get('fire', '-'):>5}  clear {r.get('clear', '-'):>5}")
+    print("dashboard panels with data:", dashboard_checks)
+    assert not errors, "\n".join(errors)
+    tested = {a for a, _ in results}
+    expected = {r["alert"] for r in P.rules() if "alert" in r} - {"KubePeerProxyDiscoveryStalled"}
+    assert tested == expected, expected - tested
+    assert all("fire" in r and "clear" in r for r in results.values()), results
