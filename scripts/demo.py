@@ -227,6 +227,9 @@ def print_guide(nodes: list[Node], envoys: list[harness.Envoy], probes: list[Pro
     print(f"\n  # kubectl v1.36.3 through Envoy A (kubeconfig {_rel(DEMO_DIR / 'kubeconfig')})")
     for cmd in kubectl_commands():
         print(f"  {cmd}")
+    print("\n  # what each node's filter sees, refreshed in place (docs/deploy.md \"What to watch\")")
+    print("  .venv/bin/kube-peer-proxy-status --watch "
+          + " ".join(f"{n.name}=127.0.0.1:{n.admin_port}" for n in nodes))
     if not check:
         print("\nCtrl-C stops everything.", flush=True)
 
