@@ -344,7 +344,7 @@ def plot(prom, ups: dict, t0: float, end: float, out: Path):
         ("seconds since a member's last success", "max by (server) (kube_peer_proxy_server_last_success_age_seconds)",
          "{server}"),
     ]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 2.1 * len(panels)), sharex=True)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 2.1 * len(panels)), sharex=True, layout="constrained")
     for ax, (title, expr, legend) in zip(axes, panels):
         for s in sorted(prom.query_range(expr, t0 - 2, end, 0.5), key=lambda s: str(s["metric"])):
             xs = [float(t) - t0 for t, _ in s["values"]]
@@ -359,7 +359,6 @@ def plot(prom, ups: dict, t0: float, end: float, out: Path):
         axes[0].text((u["stop"] + u["ready"]) / 2 - t0, 0.5, f"{n} down", ha="center", fontsize=7)
     axes[-1].set_xlabel(f"seconds after the load started (shaded: a server stopped until in service again; "
                         f"Prometheus 1 s scrape, rate over {RATE})", fontsize=8)
-    fig.tight_layout()
     fig.savefig(out, dpi=90)
     plt.close(fig)
 
