@@ -32,6 +32,7 @@ import pytest
 
 from kpp import render
 from kpp.testing import harness
+from kpp.testing.proc import server_tls
 from kpp.testing.kubeadm_node import (APISERVER_PORT, OVERRIDES, PEER_PORT, SNI, TOKEN_GROUP, TOKEN_USER, KubeadmCluster,
                               kubeconfig_credentials, mint_cert, request, write_kubeconfig)
 

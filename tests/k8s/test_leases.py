@@ -23,6 +23,7 @@ import pytest
 from kpp.testing import harness
 from kpp.testing.cluster import DEFAULT_VERSION, ControlPlane
 from kpp.testing.envoyfront import Front
+from kpp.testing.proc import server_tls
 from k8senv import http
 
 JOBS = "/apis/batch/v1/namespaces/default/jobs"
