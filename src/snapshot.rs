@@ -2,11 +2,13 @@
 //! group/version/resource[/subresource], and how much of each member's API set is known, fresh and
 //! reachable (membership is separate from freshness: a member never leaves because it is down).
 //!
-//! The discovery service builds it once per change and publishes it to Envoy shared data; each
-//! filter VM decodes it only when the generation changes, so the per-request cost is one hash
-//! lookup regardless of the table's size.
+//! The discovery service builds it once per change and publishes it to Envoy shared data: the
+//! small head (members, bit sets, ETags) under [`KEY_TABLE`], and every key as its own entry
+//! ([`entry_key`]). A filter VM decodes only the head when the generation changes and reads the
+//! entries a request needs straight from shared data, so no worker VM holds the table: memory does
+//! not grow with Envoy's worker count, and a lookup costs the same for any table size.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -14,7 +16,10 @@ use crate::discovery::documents::GroupDiscovery;
 
 /// Shared-data keys. Values are written table/documents first and generation last.
 pub const KEY_GENERATION: &str = "kube-peer-proxy.v1/generation";
+/// The table's head: everything but the keys, which are entries of their own ([`entry_key`]).
 pub const KEY_TABLE: &str = "kube-peer-proxy.v1/table";
+/// Prefix of the table's entries.
+pub const KEY_ENTRY_PREFIX: &str = "kube-peer-proxy.v1/k";
 pub const KEY_MERGED_APIS: &str = "kube-peer-proxy.v1/merged/apis";
 pub const KEY_MERGED_API: &str = "kube-peer-proxy.v1/merged/api";
 pub const KEY_MERGED_APIS_LEGACY: &str = "kube-peer-proxy.v1/merged/apis-legacy";
@@ -111,7 +116,17 @@ pub struct Table {
     pub servers: Vec<ServerRef>,
     /// Key (see [`resource_key`] and friends) → members last seen to serve it, however long ago.
     /// `u/<g>/<v>` and `u/<g>` keys ([`unknown_key`]) list members whose resources there are unknown.
-    pub keys: HashMap<String, u64>,
+    /// Empty in a filter VM's head, which reads them from shared data (see [`KeySource`]).
+    #[serde(default)]
+    pub keys: BTreeMap<String, u64>,
+    /// The entry slot (0 or 1) and version of the published keys (see [`entry_key`]).
+    #[serde(default)]
+    pub keys_slot: u8,
+    #[serde(default)]
+    pub keys_version: u64,
+    /// Where [`Table::servers_for`] looks keys up.
+    #[serde(skip)]
+    pub key_source: KeySource,
     /// Members whose `/api` (core group) has been learned at least once.
     #[serde(default)]
     pub known_core: u64,
@@ -138,6 +153,52 @@ pub struct Table {
     /// [`WHOLE_LIMIT`] a document is published in pieces (see [`chunks`]).
     #[serde(default)]
     pub merged_lengths: [u64; 3],
+}
+
+/// Where a table's keys are looked up: in the table (the discovery service, tests), or in shared
+/// data through a reader (a filter VM, whose table is only the head).
+#[derive(Debug, Clone, Copy, Default)]
+pub enum KeySource {
+    #[default]
+    InTable,
+    /// Reads one shared-data value: the host call in a filter VM, a map in tests.
+    Shared(fn(&str) -> Option<Vec<u8>>),
+}
+
+impl PartialEq for KeySource {
+    /// Two tables are equal by content; the reader is a means of lookup, not content.
+    fn eq(&self, other: &Self) -> bool {
+        std::mem::discriminant(self) == std::mem::discriminant(other)
+    }
+}
+
+impl Eq for KeySource {}
+
+/// The shared-data key of table key `key` in entry slot `slot`. Two slots: a new key set is
+/// written into the slot the current head does not use, before the head that points at it, so a
+/// worker still routing with the previous head reads intact entries. Entries are never deleted
+/// (the host has no delete): a key gone from the current set keeps an older version's value,
+/// which [`entry_bits`] does not accept, so each slot holds at most every key ever served.
+pub fn entry_key(slot: u8, key: &str) -> String {
+    format!("{KEY_ENTRY_PREFIX}/{slot}/{key}")
+}
+
+/// An entry's value: the key set's version, then the members' bit set (little-endian u64s).
+pub fn entry_value(version: u64, servers: u64) -> [u8; 16] {
+    let mut v = [0u8; 16];
+    let (a, b) = v.split_at_mut(8);
+    a.copy_from_slice(&version.to_le_bytes());
+    b.copy_from_slice(&servers.to_le_bytes());
+    v
+}
+
+/// The bit set of an entry if it belongs to key-set `version` (else the key is not in that set).
+pub fn entry_bits(version: u64, value: &[u8]) -> Option<u64> {
+    let (v, bits) = (value.get(..8)?, value.get(8..16)?);
+    if value.len() != 16 || u64::from_le_bytes(v.try_into().ok()?) != version {
+        return None;
+    }
+    Some(u64::from_le_bytes(bits.try_into().ok()?))
 }
 
 pub fn resource_key(group: &str, version: &str, resource: &str) -> String {
@@ -232,7 +293,7 @@ impl Table {
             }
         }
         t.servers = members.iter().take(MAX_SERVERS).map(|m| m.server.clone()).collect();
-        t.keys = keys.into_iter().collect();
+        t.keys = keys;
         t
     }
 
@@ -271,9 +332,33 @@ impl Table {
             || self.servers_for(&unknown_key(group, version)) != 0
     }
 
-    /// Servers (bit set) that serve `key`; 0 when nobody does.
+    /// Servers (bit set) that serve `key`; 0 when nobody does. A filter VM's head reads the
+    /// entry from shared data (one host call; see [`entry_key`]).
     pub fn servers_for(&self, key: &str) -> u64 {
-        self.keys.get(key).copied().unwrap_or(0)
+        match self.key_source {
+            KeySource::InTable => self.keys.get(key).copied().unwrap_or(0),
+            KeySource::Shared(read) => read(&entry_key(self.keys_slot, key))
+                .and_then(|v| entry_bits(self.keys_version, &v))
+                .unwrap_or(0),
+        }
+    }
+
+    /// The shared-data entries of this table's keys, for its slot and version.
+    pub fn entries(&self) -> impl Iterator<Item = (String, [u8; 16])> + '_ {
+        self.keys
+            .iter()
+            .map(|(k, v)| (entry_key(self.keys_slot, k), entry_value(self.keys_version, *v)))
+    }
+
+    /// A fingerprint of the keys and their bit sets: a new one means new entries to publish.
+    pub fn keys_fingerprint(&self) -> String {
+        let mut h = Fnv::default();
+        for (k, v) in &self.keys {
+            h.write(k.as_bytes());
+            h.write(&[0]);
+            h.write(&v.to_le_bytes());
+        }
+        h.etag()
     }
 
     /// Bit of the local server (0 if it is not a member, which only hand-built tables do).
@@ -281,14 +366,26 @@ impl Table {
         self.servers.iter().position(|s| s.local).map(bit).unwrap_or(0)
     }
 
+    /// The whole table, keys included (deterministic: fingerprints and tests compare bytes).
     pub fn encode(&self) -> Vec<u8> {
-        // BTreeMap for a deterministic encoding (fingerprints and tests compare bytes).
+        self.encode_with(Some(&self.keys))
+    }
+
+    /// The head a filter VM decodes: everything but the keys, which it reads as entries.
+    pub fn encode_head(&self) -> Vec<u8> {
+        self.encode_with(None)
+    }
+
+    fn encode_with(&self, keys: Option<&BTreeMap<String, u64>>) -> Vec<u8> {
         #[derive(Serialize)]
         struct Enc<'a> {
             generation: u64,
             built_ms: u64,
             servers: &'a [ServerRef],
-            keys: BTreeMap<&'a str, u64>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            keys: Option<&'a BTreeMap<String, u64>>,
+            keys_slot: u8,
+            keys_version: u64,
             known_core: u64,
             known_groups: u64,
             fresh_core: u64,
@@ -306,7 +403,9 @@ impl Table {
                 generation: self.generation,
                 built_ms: self.built_ms,
                 servers: &self.servers,
-                keys: self.keys.iter().map(|(k, v)| (k.as_str(), *v)).collect(),
+                keys,
+                keys_slot: self.keys_slot,
+                keys_version: self.keys_version,
                 known_core: self.known_core,
                 known_groups: self.known_groups,
                 fresh_core: self.fresh_core,
@@ -336,6 +435,8 @@ pub struct Snapshot {
     pub merged_api: Vec<u8>,
     /// The merged `/apis` as a legacy `APIGroupList`.
     pub merged_apis_legacy: Vec<u8>,
+    /// Whether the table's entries must be written: its key set is new (see [`entry_key`]).
+    pub keys_changed: bool,
 }
 
 impl Snapshot {
@@ -371,6 +472,7 @@ impl Snapshot {
             merged_apis,
             merged_api,
             merged_apis_legacy,
+            keys_changed: true,
         }
     }
 }
@@ -401,12 +503,30 @@ pub fn untag(generation: u64, mut value: Vec<u8>) -> Option<Vec<u8>> {
 /// 128-bit FNV-1a as a quoted upper-case hex ETag; the wasm has no crypto crate and the ETag only
 /// needs to change when the document does.
 pub fn etag(body: &[u8]) -> String {
-    const OFFSET: u128 = 0x6c62272e07bb014262b821756295c58d;
-    const PRIME: u128 = 0x0000000001000000000000000000013B;
-    let mut h = OFFSET;
-    for b in body {
-        h ^= u128::from(*b);
-        h = h.wrapping_mul(PRIME);
+    let mut h = Fnv::default();
+    h.write(body);
+    h.etag()
+}
+
+/// 128-bit FNV-1a, fed in parts.
+struct Fnv(u128);
+
+impl Default for Fnv {
+    fn default() -> Fnv {
+        Fnv(0x6c62272e07bb014262b821756295c58d)
     }
-    format!("\"{h:032X}\"")
+}
+
+impl Fnv {
+    fn write(&mut self, bytes: &[u8]) {
+        const PRIME: u128 = 0x0000000001000000000000000000013B;
+        for b in bytes {
+            self.0 ^= u128::from(*b);
+            self.0 = self.0.wrapping_mul(PRIME);
+        }
+    }
+
+    fn etag(&self) -> String {
+        format!("\"{:032X}\"", self.0)
+    }
 }

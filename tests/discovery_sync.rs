@@ -555,7 +555,9 @@ fn etags_are_sent_and_304_reuses_the_cache() {
     let mut s = Syncer::new(&config());
     let fake = fake();
     let first = round(&mut s, &fake, 0);
-    let table1 = first.publish.expect("snapshot").table;
+    let first = first.publish.expect("snapshot");
+    assert!(first.keys_changed, "the first snapshot's entries are written");
+    let table1 = first.table;
 
     let second = round(&mut s, &fake, 1000);
     assert!(second.errors.is_empty(), "{:?}", second.errors);
@@ -601,6 +603,10 @@ fn etags_are_sent_and_304_reuses_the_cache() {
     assert!(third.errors.is_empty(), "{:?}", third.errors);
     let p = third.publish.expect("republish");
     assert_eq!(p.table.generation, 2);
+    // A new key set: new entries, in the other slot, under a newer version.
+    assert!(p.keys_changed);
+    assert_ne!(p.table.keys_slot, table1.keys_slot);
+    assert!(p.table.keys_version > table1.keys_version);
     assert_eq!(p.table.built_ms, 2000);
     assert_eq!(s.generation(), 2);
     assert_eq!(
@@ -797,6 +803,14 @@ fn failures_keep_last_good_data_until_the_staleness_limit() {
                     // Same data, peer-b marked unhealthy.
                     assert_eq!(p.table.generation, 2, "{}", row.desc);
                     assert_eq!(p.table.keys, t1.keys, "{}: peer-b keeps its last good data", row.desc);
+                    // The same key set: its shared-data entries are not written again.
+                    assert!(!p.keys_changed, "{}", row.desc);
+                    assert_eq!(
+                        (p.table.keys_slot, p.table.keys_version),
+                        (t1.keys_slot, t1.keys_version),
+                        "{}",
+                        row.desc
+                    );
                     assert_eq!(p.table.servers, t1.servers, "{}", row.desc);
                     assert_eq!(p.table.unhealthy, 1 << PEER_B, "{}", row.desc);
                     current = p.table;

@@ -5,8 +5,12 @@ mod common;
 
 use common::{fixture, group, res, stale, ver, AGG_133, AGG_137};
 use kube_peer_proxy::discovery::documents::parse_aggregated;
+use std::cell::RefCell;
+use std::collections::HashMap;
+
 use kube_peer_proxy::snapshot::{
-    etag, group_key, resource_key, subresource_key, version_key, ServerDiscovery, ServerRef, Table, MAX_SERVERS,
+    entry_bits, entry_value, etag, group_key, resource_key, subresource_key, unknown_key, version_key, KeySource,
+    ServerDiscovery, ServerRef, Table, MAX_SERVERS,
 };
 
 fn server(name: &str, local: bool) -> ServerRef {
@@ -349,4 +353,106 @@ fn a_large_document_is_cut_into_pieces_that_cover_it_exactly() {
     // the one after does.
     assert_ne!(chunk_key("k", 7, 0), chunk_key("k", 8, 0));
     assert_eq!(chunk_key("k", 7, 0), chunk_key("k", 9, 0));
+}
+
+thread_local! {
+    /// Stands in for Envoy's shared data in the entry tests.
+    static SHARED: RefCell<HashMap<String, Vec<u8>>> = RefCell::new(HashMap::new());
+}
+
+fn read_shared(key: &str) -> Option<Vec<u8>> {
+    SHARED.with(|m| m.borrow().get(key).cloned())
+}
+
+/// What the discovery service does: entries (for a new key set), then the head.
+fn publish(table: &Table, keys_changed: bool) -> Vec<u8> {
+    if keys_changed {
+        SHARED.with(|m| m.borrow_mut().extend(table.entries().map(|(k, v)| (k, v.to_vec()))));
+    }
+    table.encode_head()
+}
+
+/// What a filter VM does: decode the head, look entries up in shared data.
+fn worker_view(head: &[u8]) -> Table {
+    Table {
+        key_source: KeySource::Shared(read_shared),
+        ..Table::decode(head).expect("head")
+    }
+}
+
+#[test]
+fn a_head_reads_its_entries_from_shared_data() {
+    let old = ServerDiscovery {
+        core: Vec::new(),
+        groups: parse_aggregated(&fixture(AGG_133)).expect("1.33").items,
+    };
+    let new = ServerDiscovery {
+        core: Vec::new(),
+        groups: parse_aggregated(&fixture(AGG_137)).expect("1.37").items,
+    };
+    let mut table = Table::build(&[(server("old", true), &old), (server("new", false), &new)]);
+    table.generation = 3;
+    table.keys_slot = 1;
+    table.keys_version = 1_000;
+    let head = publish(&table, true);
+    assert!(head.len() * 4 < table.encode().len(), "the head leaves the keys out");
+    let view = worker_view(&head);
+    assert!(view.keys.is_empty());
+    for (key, bits) in &table.keys {
+        assert_eq!(view.servers_for(key), *bits, "{key}");
+    }
+    for key in [
+        resource_key("nope.io", "v1", "x"),
+        unknown_key("apps", "v1"),
+        group_key(""),
+    ] {
+        assert_eq!(view.servers_for(&key), table.servers_for(&key), "{key}");
+    }
+    // Everything else of the table survives the head.
+    assert_eq!(view.servers, table.servers);
+    assert_eq!(
+        (view.fresh_core, view.fresh_groups, view.known_groups),
+        (table.fresh_core, table.fresh_groups, table.known_groups)
+    );
+    assert_eq!((view.keys_slot, view.keys_version), (1, 1_000));
+}
+
+#[test]
+fn entries_of_another_key_set_are_not_taken() {
+    let d = |resources: &[&str]| ServerDiscovery {
+        core: Vec::new(),
+        groups: vec![group(
+            "x.io",
+            vec![ver("v1", resources.iter().map(|r| res(r, &[])).collect())],
+        )],
+    };
+    let (a, b, c) = (d(&["alpha", "beta"]), d(&["beta"]), d(&["gamma"]));
+    let set = |disc: &ServerDiscovery, slot: u8, version: u64| {
+        let mut t = Table::build(&[(server("local", true), disc)]);
+        t.keys_slot = slot;
+        t.keys_version = version;
+        t
+    };
+    let alpha = resource_key("x.io", "v1", "alpha");
+    let beta = resource_key("x.io", "v1", "beta");
+    let gamma = resource_key("x.io", "v1", "gamma");
+    // Key set 1 in slot 1, set 2 in slot 0: a worker still on set 1 reads it intact meanwhile.
+    let head1 = publish(&set(&a, 1, 10), true);
+    let head2 = publish(&set(&b, 0, 11), true);
+    let (v1, v2) = (worker_view(&head1), worker_view(&head2));
+    assert_eq!((v1.servers_for(&alpha), v1.servers_for(&beta)), (1, 1));
+    assert_eq!((v2.servers_for(&alpha), v2.servers_for(&beta)), (0, 1));
+    // Set 3 reuses slot 1, where set 1's `alpha` and `beta` entries stay: they carry version 10.
+    let head3 = publish(&set(&c, 1, 12), true);
+    let v3 = worker_view(&head3);
+    assert_eq!(
+        (v3.servers_for(&alpha), v3.servers_for(&beta), v3.servers_for(&gamma)),
+        (0, 0, 1)
+    );
+    // Damaged or foreign values are no entry.
+    assert_eq!(entry_bits(12, &entry_value(12, 5)), Some(5));
+    assert_eq!(entry_bits(12, &entry_value(11, 5)), None);
+    for bad in [&b""[..], &b"0123456789abcdef0"[..], &entry_value(12, 5)[..15]] {
+        assert_eq!(entry_bits(12, bad), None, "{bad:?}");
+    }
 }

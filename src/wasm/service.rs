@@ -1,6 +1,6 @@
 //! The singleton discovery service: runs [`Syncer`] on the main thread's timer, dispatches its
-//! fetches, and publishes snapshots to shared data (documents and table first, generation last,
-//! so a filter that sees a new generation finds the matching table).
+//! fetches, and publishes snapshots to shared data (table entries, documents and the table's head
+//! first, generation last, so a filter that sees a new generation finds the matching head).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -133,10 +133,12 @@ impl Service {
             (snapshot::KEY_MERGED_API, p.merged_api),
             (snapshot::KEY_MERGED_APIS_LEGACY, p.merged_apis_legacy),
         ];
-        let ok = docs
-            .into_iter()
-            .all(|(key, doc)| publish_document(key, generation, doc))
-            && host::set_shared(snapshot::KEY_TABLE, &p.table.encode())
+        // Entries (only for a new key set) and documents first, then the head, generation last.
+        let ok = (!p.keys_changed || p.table.entries().all(|(key, value)| host::set_shared(&key, &value)))
+            && docs
+                .into_iter()
+                .all(|(key, doc)| publish_document(key, generation, doc))
+            && host::set_shared(snapshot::KEY_TABLE, &p.table.encode_head())
             && host::set_shared(snapshot::KEY_GENERATION, p.table.generation.to_string().as_bytes());
         if ok {
             let names: Vec<&str> = p.table.servers.iter().map(|s| s.name.as_str()).collect();

@@ -1,6 +1,6 @@
-//! The per-VM state of the HTTP filter, shared by every request on a worker: the serving table in a
-//! cache (a request reads only the small generation key, and the worker's timer decodes a new table
-//! before requests need it), the peers' passive-health marks (read on the timer too, so a request to
+//! The per-VM state of the HTTP filter, shared by every request on a worker: the serving table's
+//! head in a cache (a request reads the small generation key and the entries it looks up, and the
+//! worker's timer decodes a new head before requests need it), the peers' passive-health marks (read on the timer too, so a request to
 //! a peer reads no shared data), this VM's copies of the merged documents, and metric ids.
 
 use std::cell::{Cell, RefCell};
@@ -18,7 +18,7 @@ use crate::request::reply::LocalReply;
 use crate::request::response;
 use crate::request::routing::Gvr;
 use crate::request::routing::MergedDoc;
-use crate::snapshot::{self, Table};
+use crate::snapshot::{self, KeySource, Table};
 
 /// Per-VM state shared by every request on this worker.
 pub struct Shared {
@@ -126,7 +126,12 @@ impl Shared {
             return cache.table.clone();
         }
         let table = match host::shared(snapshot::KEY_TABLE).map(|b| Table::decode(&b)) {
-            Some(Ok(t)) => t,
+            // Only the head: each lookup reads its entry from shared data, so this VM holds no
+            // table and its memory does not grow with the table (one VM per Envoy worker).
+            Some(Ok(t)) => Table {
+                key_source: KeySource::Shared(host::shared),
+                ..t
+            },
             Some(Err(e)) => {
                 log::error!("kube-peer-proxy: undecodable snapshot table: {e}");
                 return cache.table.clone();

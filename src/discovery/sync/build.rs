@@ -2,7 +2,7 @@
 //! made only when what it depends on changed and published only when it differs from the last one.
 
 use super::{Publish, Server, Syncer};
-use crate::snapshot::{Member, Snapshot};
+use crate::snapshot::{etag, Member, Snapshot};
 
 /// What the built snapshot depends on besides the documents: per member its name, whether each
 /// part is known and fresh, and whether it is reachable.
@@ -54,14 +54,25 @@ impl Syncer {
             })
             .collect();
         let mut snapshot = Snapshot::build(&table_members, membership_unknown);
-        let fingerprint = snapshot.table.encode();
+        let fingerprint = etag(&snapshot.table.encode());
         if self.published.as_ref() == Some(&fingerprint) {
             return None;
         }
         self.published = Some(fingerprint);
+        // A new key set goes to the other entry slot, under a version no earlier set of this
+        // process used (milliseconds, so a restarted service does not reuse one either).
+        let keys = snapshot.table.keys_fingerprint();
+        snapshot.keys_changed = self.published_keys.as_ref() != Some(&keys);
+        if snapshot.keys_changed {
+            self.published_keys = Some(keys);
+            self.keys_version = now_ms.max(self.keys_version.saturating_add(1));
+            self.keys_slot ^= 1;
+        }
         self.generation += 1;
         snapshot.table.generation = self.generation;
         snapshot.table.built_ms = now_ms;
+        snapshot.table.keys_slot = self.keys_slot;
+        snapshot.table.keys_version = self.keys_version;
         Some(snapshot)
     }
 }

@@ -255,7 +255,12 @@ pub struct Syncer {
     round_deadline_ms: Option<u64>,
     next_round_ms: u64,
     generation: u64,
-    published: Option<Vec<u8>>,
+    /// Fingerprint of the last published table (an ETag of its encoding, not the megabytes).
+    published: Option<String>,
+    /// Fingerprint, version and entry slot of the last published key set (see `snapshot::entry_key`).
+    published_keys: Option<String>,
+    keys_version: u64,
+    keys_slot: u8,
     round_completed_ms: Option<u64>,
     /// Some server's data or membership changed since the last build.
     dirty: bool,
@@ -295,6 +300,9 @@ impl Syncer {
             next_round_ms: 0,
             generation: 0,
             published: None,
+            published_keys: None,
+            keys_version: 0,
+            keys_slot: 0,
             round_completed_ms: None,
             dirty: true,
             builds: 0,
