@@ -97,6 +97,7 @@ class Envoy:
         workdir: Path | None = None,
         log_level: str = "info",
         component_log_level: str = "wasm:debug",
+        concurrency: int = 2,
     ):
         self.config_yaml = config_yaml
         self.name = name
@@ -105,6 +106,8 @@ class Envoy:
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix=f"kpp-envoy-{name}-"))
         self.log_level = log_level
         self.component_log_level = component_log_level
+        # Worker threads (--concurrency). 2 by default: several Envoys share a test machine.
+        self.concurrency = concurrency
         self.base_id = _next_base_id()
         self.process: subprocess.Popen | None = None
         self.log_path = self.workdir / "envoy.log"
@@ -114,7 +117,7 @@ class Envoy:
         envoy_args = [
             "-c", str(config_path),
             "--base-id", str(self.base_id),
-            "--concurrency", "2",
+            "--concurrency", str(self.concurrency),
             "--log-level", self.log_level,
             "--component-log-level", self.component_log_level,
         ]

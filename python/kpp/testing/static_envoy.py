@@ -3,9 +3,9 @@
 The container's command is a bash script that runs Envoy and, on SIGTERM, turns the node unready for
 the load balancer, stops accepting, waits for requests in flight and only then stops Envoy. Tests run
 the manifest's own script, arguments and environment; only what differs on a test machine is replaced:
-the bootstrap's path, the admin port, a unique --base-id and --concurrency 2 (several Envoys share the
-machine), and `envoy` on PATH is the venv's binary. SIGTERM goes to the script alone, as the container
-runtime sends it to the container's first process.
+the bootstrap's path, the admin port, a unique --base-id and the harness's --concurrency (2 unless
+asked: several Envoys share the machine), and `envoy` on PATH is the venv's binary. SIGTERM goes to
+the script alone, as the container runtime sends it to the container's first process.
 """
 from __future__ import annotations
 
@@ -43,14 +43,18 @@ def drain_seconds(manifest: Path = MANIFEST) -> tuple[float, float]:
     return float(e["KPP_UNREADY_SECONDS"]), float(e["KPP_DRAIN_SECONDS"])
 
 
-def command(config_path: Path | str, base_id: int, manifest: Path = MANIFEST) -> list[str]:
-    """The container's command + args with this machine's bootstrap path and a unique base id."""
+def command(config_path: Path | str, base_id: int, manifest: Path = MANIFEST, concurrency: int = 2) -> list[str]:
+    """The container's command + args with this machine's bootstrap path, a unique base id and
+    `concurrency` workers (replacing the manifest's --concurrency, which Envoy accepts only once)."""
     c = container(manifest)
     args = list(c.get("args", []))
     if args.count(NODE_CONFIG) != 1:
         raise ValueError(f"{manifest}: the {CONTAINER} container's args no longer name {NODE_CONFIG}: {args}")
     args[args.index(NODE_CONFIG)] = str(config_path)
-    return [*c["command"], *args, "--base-id", str(base_id), "--concurrency", "2"]
+    if "--concurrency" in args:
+        i = args.index("--concurrency")
+        del args[i:i + 2]
+    return [*c["command"], *args, "--base-id", str(base_id), "--concurrency", str(concurrency)]
 
 
 class StaticPodEnvoy(harness.Envoy):
@@ -72,7 +76,7 @@ class StaticPodEnvoy(harness.Envoy):
         e.update(env(self.manifest))
         e["KPP_ADMIN_PORT"] = str(self.admin_port)
         e["PATH"] = f"{bindir}:{e.get('PATH', '/usr/bin:/bin')}"
-        return command(config_path, self.base_id, self.manifest), e
+        return command(config_path, self.base_id, self.manifest, self.concurrency), e
 
     def terminate(self) -> float:
         """SIGTERM to the container's first process (the script), as the kubelet's runtime sends it."""
