@@ -5,7 +5,8 @@
 
 The document keeps its hand-written text; only the text between `<!-- generated:NAME -->` and
 `<!-- /generated:NAME -->` is replaced: `machine` (facts about this run), `envoy`, `core` and `size` (the
-reports of bench/envoy_bench.py, bench/core_bench.sh and bench/size.sh).
+reports of bench/envoy_bench.py, bench/core_bench.sh and bench/size.sh), and `hop` from
+target/hop/results.md (scripts/k8s/hop.py) when that file exists.
 """
 
 from __future__ import annotations
@@ -101,6 +102,9 @@ def main(argv: list[str]) -> int:
     doc = replace(doc, "envoy", envoy.read_text())
     doc = replace(doc, "core", core.read_text())
     doc = replace(doc, "size", size.read_text())
+    hop = ROOT / "target" / "hop" / "results.md"  # scripts/k8s/hop.py (`make hop`), when it has run
+    if hop.is_file() and "<!-- generated:hop -->" in doc:
+        doc = replace(doc, "hop", hop.read_text())
     doc_path.write_text(doc)
     print(f"update_doc: wrote {doc_path}")
     return 0

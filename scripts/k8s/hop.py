@@ -1,409 +1,316 @@
 #!/usr/bin/env python3
-"""The local hop: GET one ConfigMap straight to kube-apiserver vs through Envoy (+ filter), per variant.
+"""The real deployment's hop: plain Envoy, the wasm floor and the filter in front of a real
+kube-apiserver on a kubeadm node, measured in one run with paired rounds.
 
-One control plane (etcd + ONE kube-apiserver `a`, v1.36.3). For every variant its own Envoy is started,
-measured and stopped; the variants run round-robin `--rounds` times so machine noise spreads evenly.
-Per measurement: a fresh keep-alive HTTPS connection (http.client, as compare.py's Client), `--warmup`
-requests, then `--requests` sequential timed GETs; Envoy CPU (utime+stime of its process group, /proc),
-apiserver CPU and the client's own CPU per request; Envoy cluster/listener stats before/after the timed run.
+One kubeadm-like control-plane node (kpp.testing.kubeadm_node: kubeadm v1.36.3 writes the PKI and the
+apiserver manifest, the real kube-apiserver runs with its flags, one etcd), and three Envoys rendered by
+`kpp.render.render_kubeadm` (TLS on both sides, SDS secrets, header stripping), running side by side on
+the node's address with their own ports:
 
-    make hop    (= .venv/bin/python scripts/k8s/hop.py [--requests 2000] [--warmup 200] [--rounds 3]
-                   [--paired N] [--out target/hop/results.md])
+* plain  — the kubeadm bootstrap with the wasm filter removed (no bootstrap extension, no peer listener);
+* floor  — the same with bench/noop's do-nothing wasm filter (reads `:path`, continues) in the filter's place;
+* filter — the kubeadm bootstrap as rendered (filter, discovery service, peer listener).
 
-Read-only use of kpp.*: bootstraps come from kpp.testing.envoyfront.bootstrap / kpp.render.render_bootstrap and
-are then modified here (JSON), never by editing the renderers.
+bench/hopclient (Go, stdlib net/http: HTTP/2 over TLS, keep-alive, one connection per target, as client-go)
+sends GETs of one ConfigMap and LISTs of a namespace's ConfigMaps: per round and path `--requests` requests to
+every target, one request to each target in turn (the order rotating), never two at once; the apiserver
+straight (`direct`) is a fourth target. Interleaving request by request makes other jobs' bursts hit all
+targets alike (blocks of requests per target left CIs of ±100 µs on a loaded box; this gives ±20-30 µs).
+Per round and path: the p50 of each target and the paired differences, with a t-distribution 95 % CI
+over the rounds. Then one pass with Envoy's access log switched on (a runtime-gated log, off during the
+rounds) gives Envoy's own timings per variant (%COMMON_DURATION% between the stream's time points, µs).
+`--before other.wasm` adds a fourth Envoy with another build of the filter (A/B of a change).
+
+    make hop   (= bash bench/noop/build.sh && .venv/bin/python scripts/k8s/hop.py --out target/hop/results.md)
+    then:      python3 bench/update_doc.py ... (writes target/hop/results.md into docs/benchmarks.md, generated:hop)
 """
 
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
+import math
 import os
 import statistics
-import sys
+import subprocess
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
-from kpp import render
-from kpp.testing import envoyfront, harness
-from kpp.testing.cluster import DEFAULT_VERSION, ControlPlane, cpu_seconds
-from kpp.testing.proc import client_tls
+from kpp.testing import harness
+from kpp.testing.cluster import DEFAULT_VERSION
+from kpp.testing.kubeadm_node import APISERVER_PORT, SNI, KubeadmCluster
+from kpp.testing.proc import OPENER, free_port
 
-CM = "/api/v1/namespaces/default/configmaps/hop-cm"
 ROOT = Path(__file__).resolve().parents[2]
 NOOP_WASM = ROOT / "target" / "bench-noop" / "kpp_bench_noop.wasm"  # bench/noop/build.sh
-H2_OPTS = {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-    "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-    "explicit_http_config": {"http2_protocol_options": {}}}}
+HOPCLIENT = ROOT / "target" / "hopclient"
+NS = "default"
+GET = f"/api/v1/namespaces/{NS}/configmaps/hop-00"
+LIST = f"/api/v1/namespaces/{NS}/configmaps"
+FIRST_INDEX = 81  # KubeadmNode addresses 127.0.0.81 / 127.0.1.81 (docs/notes: 81-89 are the hop's)
+VARIANTS = ("plain", "floor", "filter")
+LOG_KEY = "hop.access_log"
+
+# Envoy's own timings: microseconds between the stream's time points (Envoy's StreamInfo).
+TIMINGS = {
+    "DURATION ms": "%DURATION%",
+    "REQUEST_DURATION ms": "%REQUEST_DURATION%",
+    "RESPONSE_DURATION ms": "%RESPONSE_DURATION%",
+    "upstream service time ms": "%RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)%",
+    "request in → upstream send starts": "%COMMON_DURATION(DS_RX_BEG:US_TX_BEG:us)%",
+    "upstream send ends → first response byte": "%COMMON_DURATION(US_TX_END:US_RX_BEG:us)%",
+    "first response byte → last": "%COMMON_DURATION(US_RX_BEG:US_RX_END:us)%",
+    "first response byte → first byte to client": "%COMMON_DURATION(US_RX_BEG:DS_TX_BEG:us)%",
+    "last response byte → last byte to client": "%COMMON_DURATION(US_RX_END:DS_TX_END:us)%",
+    "whole stream (µs)": "%COMMON_DURATION(DS_RX_BEG:DS_TX_END:us)%",
+}
+FLAGS = "%RESPONSE_FLAGS%"
 
 
-class Client:
-    """One persistent HTTPS connection, the same request every time."""
-
-    def __init__(self, base: str, token: str, ca: Path):
-        scheme, rest = base.split("://")
-        host, port = rest.split(":")
-        if scheme == "http":
-            self.conn = http.client.HTTPConnection(host, int(port), timeout=30)
-        else:
-            self.conn = http.client.HTTPSConnection(host, int(port),
-                                                    context=client_tls(ca), timeout=30)
-        self.h = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
-        self.connects = 0
-
-    def get(self, path: str) -> int:
-        if self.conn.sock is None:
-            self.connects += 1
-        self.conn.request("GET", path, headers=self.h)
-        r = self.conn.getresponse()
-        r.read()
-        return r.status
-
-    def close(self):
-        self.conn.close()
+def _gated_log(path: Path) -> list:
+    fmt = {k: v for k, v in TIMINGS.items()}
+    fmt.update(flags=FLAGS, code="%RESPONSE_CODE%", path="%REQ(:PATH)%", cluster="%UPSTREAM_CLUSTER%",
+               proto="%PROTOCOL%", bytes="%BYTES_SENT%")
+    return [{"name": "envoy.access_loggers.file",
+             # off (0 %) until the timing pass turns it on through the admin runtime layer
+             "filter": {"runtime_filter": {"runtime_key": LOG_KEY,
+                                           "percent_sampled": {"numerator": 0, "denominator": "HUNDRED"},
+                                           "use_independent_randomness": False}},
+             "typed_config": {"@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+                              "path": str(path), "log_format": {"json_format": fmt}}}]
 
 
-# ---- variants: functions from the Front-rendered bootstrap (dict) to the variant's bootstrap ----
-
-def _hcm(b):
-    return b["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-
-
-def _local(b):
-    return next(c for c in b["static_resources"]["clusters"] if c["name"] == "local")
-
-
-def v_front(b, ctx):
+def bootstrap(node, variant: str, port: int, peer_port: int, admin: int, log: Path, wasm: Path) -> dict:
+    b = json.loads(node.render_envoy([], wasm, port=port, peer_port=peer_port, admin_port=admin,
+                                     access_log=None))
+    b["layered_runtime"] = {"layers": [{"name": "admin", "admin_layer": {}}]}
+    listeners = b["static_resources"]["listeners"]
+    hcm = listeners[0]["filter_chains"][0]["filters"][0]["typed_config"]
+    hcm["access_log"] = _gated_log(log)
+    if variant in ("filter", "before"):
+        return b
+    b.pop("bootstrap_extensions")
+    b["static_resources"]["listeners"] = [listeners[0]]  # the peer listener's gate is wasm too
+    filters = hcm["http_filters"]
+    i = next(i for i, f in enumerate(filters) if f["name"] == "envoy.filters.http.wasm")
+    if variant == "plain":
+        del filters[i]
+    else:  # floor: the do-nothing filter in the same place, same root id, probe `path`
+        cfg = filters[i]["typed_config"]["config"]
+        cfg["vm_config"]["code"]["local"]["filename"] = str(NOOP_WASM)
+        cfg["configuration"]["value"] = "path"
     return b
 
 
-def v_nolog(b, ctx):
-    _hcm(b).pop("access_log", None)
-    return b
+def t975(df: int) -> float:
+    """Two-sided 95 % quantile of Student's t."""
+    table = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
+             10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101,
+             19: 2.093, 20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052,
+             28: 2.048, 29: 2.045, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
+    if df in table:
+        return table[df]
+    keys = sorted(table)
+    for lo, hi in zip(keys, keys[1:]):
+        if lo < df < hi:
+            return table[lo] + (table[hi] - table[lo]) * (df - lo) / (hi - lo)
+    return 1.960
 
 
-def v_h2(b, ctx):
-    b = v_nolog(b, ctx)
-    c = _local(b)
-    c["typed_extension_protocol_options"] = H2_OPTS
-    # Go's TLS server speaks h2 only when ALPN says so; state it (Envoy would also add h2 for an h2 cluster).
-    c["transport_socket"]["typed_config"].setdefault("common_tls_context", {})["alpn_protocols"] = ["h2"]
-    return b
+def ci(xs: list[float]) -> tuple[float, float]:
+    m = statistics.mean(xs)
+    if len(xs) < 2:
+        return m, math.nan
+    return m, t975(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
 
 
-def v_reuse(b, ctx):
-    b = v_nolog(b, ctx)
-    c = _local(b)
-    c["transport_socket"]["typed_config"]["max_session_keys"] = 1  # Envoy's default, stated
-    c["typed_extension_protocol_options"] = {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-        "common_http_protocol_options": {"idle_timeout": "3600s"},
-        "explicit_http_config": {"http_protocol_options": {}}}}
-    c["upstream_connection_options"] = {"tcp_keepalive": {}}
-    return b
+def p50(us: list[float]) -> float:
+    return statistics.median(us)
 
 
-def _rerendered(b, ctx, **kw):
-    """A fresh bootstrap for the same apiserver, with Front's downstream TLS copied from `b`."""
-    p = json.loads(render.render_bootstrap(
-        node="a", listen_port=ctx["listen"], admin_port=ctx["admin"], local=("127.0.0.1", ctx["port"]), peers=[],
-        upstream_tls_sni=ctx["sni"], upstream_ca=ctx["ca"], **kw))
-    p["static_resources"]["listeners"][0]["filter_chains"][0]["transport_socket"] = \
-        b["static_resources"]["listeners"][0]["filter_chains"][0]["transport_socket"]
-    return p
+def run_client(args: list[str]) -> dict:
+    r = subprocess.run([str(HOPCLIENT), *args], capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise RuntimeError(f"hopclient failed:\n{r.stderr}")
+    return json.loads(r.stdout)
 
 
-def v_nofilter(b, ctx):
-    """Plain Envoy: render with with_filter=False, same downstream TLS, no access log (compare with 3)."""
-    return _rerendered(b, ctx, wasm_path=str(harness.wasm_path()), with_filter=False)
-
-
-def v_nofilter_plain_down(b, ctx):
-    """6 without downstream TLS: the client speaks plain http to Envoy (isolates the downstream TLS cost)."""
-    p = v_nofilter(b, ctx)
-    del p["static_resources"]["listeners"][0]["filter_chains"][0]["transport_socket"]
-    return p
-
-
-def v_floor(b, ctx):
-    """6 with the do-nothing wasm filter of bench/noop (reads `:path`, continues): what any wasm filter
-    costs here, so 3 − 9 is this filter's own logic."""
-    p = _rerendered(b, ctx, wasm_path=str(NOOP_WASM), with_filter=True, filter_plugin="path")
-    p.pop("bootstrap_extensions", None)
-    return p
-
-
-def v_best(b, ctx):
-    b = v_h2(b, ctx)
-    _hcm(b)["generate_request_id"] = False
-    return b
-
-
-VARIANTS = [
-    ("1 straight to apiserver a (no Envoy)", None),
-    ("2 Envoy + filter as Front renders it (access log on)", v_front),
-    ("3 = 2 without the access log", v_nolog),
-    ("4 = 3 + upstream HTTP/2", v_h2),
-    ("5 = 3 + explicit upstream reuse (idle_timeout 3600s, max_session_keys 1, tcp keepalive)", v_reuse),
-    ("6 plain Envoy, no filter, no access log (TLS both sides)", v_nofilter),
-    ("7 = 4 + generate_request_id false", v_best),
-    ("8 = 6 without downstream TLS (client plain http)", v_nofilter_plain_down),
-    ("9 = 6 + the do-nothing wasm filter (bench/noop)", v_floor),
-]
-
-STATS = ("cluster.local.upstream_cx_total", "cluster.local.upstream_cx_http1_total",
-         "cluster.local.upstream_cx_http2_total", "cluster.local.upstream_rq_total",
-         "cluster.local.ssl.handshake", "cluster.local.ssl.session_reused",
-         "http.apiserver.downstream_cx_total", "http.apiserver.downstream_rq_total")
-
-
-def envoy_stats(env) -> dict:
-    s = env.stats(r"^(cluster\.local\.|http\.apiserver\.downstream_(cx|rq)_total)")
-    return {k: s.get(k, 0) for k in STATS}
-
-
-def group_cpu(pgid: int) -> float:
-    tot = 0.0
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                if os.getpgid(int(d)) == pgid:
-                    tot += cpu_seconds(int(d))
-            except (OSError, FileNotFoundError, IndexError):
-                pass
-    return tot
-
-
-def busy_seconds() -> float:
-    """System-wide non-idle CPU seconds (all cores) from /proc/stat."""
-    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(f[:8]) - f[3] - f[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def start_envoy(cp, a, fn, workdir: Path):
-    listen, admin = harness.free_port(), harness.free_port()
-    wd = workdir / f"envoy-{time.monotonic_ns()}"
-    b = json.loads(envoyfront.bootstrap(cp, a, [], listen, admin, wd / "access.log"))
-    ctx = {"listen": listen, "admin": admin, "port": a.port, "sni": envoyfront.SNI, "ca": str(cp.ca)}
-    b = fn(b, ctx)
-    wd.mkdir(parents=True, exist_ok=True)
-    (wd / "bootstrap.json").write_text(json.dumps(b, indent=2))
-    env = harness.Envoy(json.dumps(b, indent=2) + "\n", "hop", admin, workdir=wd / "envoy",
-                        log_level="warning", component_log_level="wasm:info")
-    env.start(timeout=60)
-    if "bootstrap_extensions" in b:
-        env.wait_snapshot(60)
-    tls = "transport_socket" in b["static_resources"]["listeners"][0]["filter_chains"][0]
-    return env, f"{'https' if tls else 'http'}://127.0.0.1:{listen}"
-
-
-def paired(cp, a, variants, workdir: Path, n: int, warmup: int) -> dict:
-    """All variants at once (one Envoy each, started before, idle otherwise); the timed loop sends one
-    request to each target in turn (rotating order), so machine drift hits every variant alike."""
-    envs, clients = {}, {}
-    try:
-        for v, fn in variants:
-            if fn is None:
-                envs[v], base = None, a.url
-            else:
-                envs[v], base = start_envoy(cp, a, fn, workdir)
-            clients[v] = Client(base, cp.tokens["alice"], cp.ca)
-        for v, c in clients.items():
-            for _ in range(warmup):
-                assert c.get(CM) == 200
-        lat = {v: [] for v in clients}
-        i0 = {v: group_cpu(e.process.pid) for v, e in envs.items() if e}
-        time.sleep(3.0)
-        cpu0 = {v: group_cpu(e.process.pid) for v, e in envs.items() if e}
-        idle = {v: (cpu0[v] - i0[v]) / 3.0 for v in cpu0}
-        t0 = time.monotonic()
-        order = list(clients)
-        for i in range(n):
-            k = i % len(order)
-            for v in order[k:] + order[:k]:
-                t = time.perf_counter()
-                st = clients[v].get(CM)
-                lat[v].append((time.perf_counter() - t) * 1000)
-                assert st == 200, st
-        cpu1 = {v: group_cpu(e.process.pid) for v, e in envs.items() if e}
-        el = time.monotonic() - t0
-        out = {}
-        for v, l in lat.items():
-            l.sort()
-            out[v] = {"p50": l[n // 2], "p99": l[int(n * 0.99) - 1], "mean": statistics.mean(l),
-                      "env_cpu_raw": (cpu1[v] - cpu0[v]) * 1000 / n if envs[v] else None,
-                      "env_cpu": max(0.0, cpu1[v] - cpu0[v] - idle[v] * el) * 1000 / n if envs[v] else None,
-                      "idle_ms_s": idle[v] * 1000 if envs[v] else None}
-        return out
-    finally:
-        for c in clients.values():
-            c.close()
-        for e in envs.values():
-            if e:
-                e.stop()
-
-
-def measure(cp, a, variant, fn, workdir: Path, n: int, warmup: int, idle_s: float) -> dict:
-    token = cp.tokens["alice"]
-    env = None
-    res = {"variant": variant}
-    try:
-        if fn is None:
-            base = a.url
-        else:
-            env, base = start_envoy(cp, a, fn, workdir)
-        c = Client(base, token, cp.ca)
-        for _ in range(warmup):
-            assert c.get(CM) == 200
-        # idle CPU of Envoy and apiserver (discovery rounds, leases) with the connection open but quiet
-        e0 = group_cpu(env.process.pid) if env else 0.0
-        s0 = cpu_seconds(a.proc.pid)
-        st_idle0 = envoy_stats(env) if env else {}
-        time.sleep(idle_s)
-        e1 = group_cpu(env.process.pid) if env else 0.0
-        s1 = cpu_seconds(a.proc.pid)
-        st_idle1 = envoy_stats(env) if env else {}
-        idle_env, idle_srv = (e1 - e0) / idle_s, (s1 - s0) / idle_s
-        st0 = envoy_stats(env) if env else {}
-        e0, s0, p0 = (group_cpu(env.process.pid) if env else 0.0), cpu_seconds(a.proc.pid), time.process_time()
-        b0 = busy_seconds()
-        t0 = time.monotonic()
-        lat = []
-        for _ in range(n):
-            t = time.perf_counter()
-            st = c.get(CM)
-            lat.append((time.perf_counter() - t) * 1000)
-            assert st == 200, st
-        el = time.monotonic() - t0
-        b1 = busy_seconds()
-        p1, s1, e1 = time.process_time(), cpu_seconds(a.proc.pid), (group_cpu(env.process.pid) if env else 0.0)
-        st1 = envoy_stats(env) if env else {}
-        c.close()
-        lat.sort()
-        res.update(p50=lat[n // 2], p99=lat[int(n * 0.99) - 1], mean=statistics.mean(lat),
-                   client_cpu=(p1 - p0) * 1000 / n, connects=c.connects,
-                   srv_cpu=max(0.0, s1 - s0 - idle_srv * el) * 1000 / n,
-                   env_cpu_raw=(e1 - e0) * 1000 / n if env else None,
-                   env_cpu=max(0.0, e1 - e0 - idle_env * el) * 1000 / n if env else None,
-                   idle_env_ms_s=idle_env * 1000, elapsed=el,
-                   # CPU busy on the box beyond Envoy + apiserver + this client, per request (other jobs, etcd)
-                   other_cpu=max(0.0, (b1 - b0) - (e1 - e0) - (s1 - s0) - (p1 - p0)) * 1000 / n,
-                   stats_delta={k: st1[k] - st0[k] for k in st1} if env else {},
-                   stats_idle_delta={k: st_idle1[k] - st_idle0[k] for k in st_idle1} if env else {},
-                   stats_end=st1)
-    finally:
-        if env:
-            env.stop()
-    return res
-
-
-def fmt_table(results: dict, variants: list) -> list[str]:
-    base = statistics.median(r["p50"] for r in results[variants[0][0]])
-    out = ["| variant | p50 ms (3 runs) | median p50 | p99 (median) | mean (median) | Envoy CPU ms/req "
-           "(idle-subtracted; raw) | apiserver CPU ms/req | client CPU ms/req | other CPU on the box ms/req (3 runs) | upstream cx opened during timed run "
-           "(idle window); totals since start (last run) | delta p50 vs straight |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for v, _ in variants:
-        rs = results[v]
-        med = statistics.median(r["p50"] for r in rs)
-        p99 = statistics.median(r["p99"] for r in rs)
-        mean = statistics.median(r["mean"] for r in rs)
-        if rs[0]["env_cpu"] is None:
-            ecpu, cx = "-", "-"
-        else:
-            ecpu = (f"{statistics.median(r['env_cpu'] for r in rs):.3f}; "
-                    f"{statistics.median(r['env_cpu_raw'] for r in rs):.3f}")
-            cx = ", ".join(f"{r['stats_delta']['cluster.local.upstream_cx_total']}"
-                           f" ({r['stats_idle_delta']['cluster.local.upstream_cx_total']})" for r in rs)
-            e = rs[-1]["stats_end"]
-            cx += (f"; at end: {e['cluster.local.upstream_cx_total']} total, "
-                   f"{e['cluster.local.upstream_cx_http2_total']} h2, "
-                   f"{e['cluster.local.ssl.session_reused']} TLS resumed")
-        other = ", ".join(f"{r['other_cpu']:.2f}" for r in rs)
-        delta = "—" if v == variants[0][0] else f"{med - base:+.3f}"
-        p50s = ", ".join(f"{r['p50']:.3f}" for r in rs)
-        out.append(f"| {v} | {p50s} | {med:.3f} | {p99:.3f} | {mean:.3f} | "
-                   f"{ecpu} | {statistics.median(r['srv_cpu'] for r in rs):.3f} | "
-                   f"{statistics.median(r['client_cpu'] for r in rs):.3f} | {other} | {cx} | "
-                   f"{delta} |")
+def access_timings(path: Path) -> dict:
+    rows = [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
+    out: dict = {"n": len(rows), "flags": sorted({r.get("flags") for r in rows}),
+                 "codes": sorted({str(r.get("code")) for r in rows}),
+                 "proto": sorted({r.get("proto") for r in rows})}
+    for k in TIMINGS:
+        vals = [float(r[k]) for r in rows if r.get(k) not in (None, "", "-")]
+        out[k] = statistics.median(vals) if vals else None
     return out
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--requests", type=int, default=2000)
-    p.add_argument("--warmup", type=int, default=200)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--idle", type=float, default=3.0, help="seconds of idle CPU measurement per Envoy")
-    p.add_argument("--only", default=None, help="comma-separated variant numbers (smoke tests)")
+    p.add_argument("--rounds", type=int, default=40)
+    p.add_argument("--requests", type=int, default=100, help="per round, target and path")
+    p.add_argument("--warmup", type=int, default=100, help="per target and path before the first round")
+    p.add_argument("--items", type=int, default=40, help="ConfigMaps in the listed namespace")
+    p.add_argument("--timing-requests", type=int, default=300, help="per variant and path, access log on")
+    p.add_argument("--no-direct", action="store_true", help="leave the apiserver-straight target out")
     p.add_argument("--out", default=str(ROOT / "target" / "hop" / "results.md"))
-    p.add_argument("--paired", type=int, default=0,
-                   help="after the round-robin: this many paired runs (all Envoys up, requests alternated)")
-    p.add_argument("--skip-rr", action="store_true", help="only the paired runs")
+    p.add_argument("--wasm", default=None, help="the filter's .wasm (default: make build's target/kube_peer_proxy.wasm)")
+    p.add_argument("--before", default=None, help="another build of the filter, measured as a fourth variant `before`")
     a = p.parse_args(argv)
-    variants = [v for v in VARIANTS if not a.only or v[0].split()[0] in a.only.split(",")]
+    wasm = Path(a.wasm) if a.wasm else harness.wasm_path()
+    for f, how in ((NOOP_WASM, "bash bench/noop/build.sh"), (wasm, "make build")):
+        if not f.is_file():
+            raise SystemExit(f"{f} is missing: {how}")
     t_all = time.monotonic()
+    subprocess.run(["go", "build", "-o", str(HOPCLIENT), "."], cwd=ROOT / "bench" / "hopclient", check=True)
     workdir = Path(tempfile.mkdtemp(prefix="kpp-hop-"))
-    cp = ControlPlane(workdir, [("a", DEFAULT_VERSION, "")], kubectl=str(harness.tool("kubectl")))
-    results: dict[str, list] = {v: [] for v, _ in variants}
-    raw = []
+    cluster = KubeadmCluster(workdir, [("cp-1", "")], first_index=FIRST_INDEX)
+    node = cluster.first
+    envoys: dict[str, harness.Envoy] = {}
+    ports: dict[str, int] = {}
+    variants = VARIANTS + (("before",) if a.before else ())
+    logs = {v: workdir / f"access-{v}.log" for v in variants}
     try:
-        cp.start()
-        srv = cp.servers["a"]
-        st, _, body = cp.api(srv, "/api/v1/namespaces/default/configmaps", "POST",
-                             {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "hop-cm"},
-                              "data": {"k": "v" * 64}})
-        assert st in (201, 409), body
-        print(f"control plane up in {cp.startup_seconds:.0f} s", flush=True)
-        for rnd in range(0 if a.skip_rr else a.rounds):
-            for v, fn in variants:
-                r = measure(cp, srv, v, fn, workdir, a.requests, a.warmup, a.idle)
-                r["round"] = rnd
-                results[v].append(r)
-                raw.append(r)
-                print(f"round {rnd} {v}: p50 {r['p50']:.3f} p99 {r['p99']:.3f} mean {r['mean']:.3f} "
-                      f"envoy {r['env_cpu']} srv {r['srv_cpu']:.3f} client {r['client_cpu']:.3f} "
-                      f"Δstats {r['stats_delta']} idleΔ {r['stats_idle_delta']}", flush=True)
-        pair_res = []
-        for i in range(a.paired):
-            r = paired(cp, srv, variants, workdir, a.requests, a.warmup)
-            pair_res.append(r)
-            print(f"paired {i}: " + "; ".join(f"{v[:2]} p50 {x['p50']:.3f} cpu {x['env_cpu_raw']}" for v, x in r.items()),
-                  flush=True)
+        # KubeadmCluster.start without its own Envoy: kubeadm phases, etcd, apiserver, RBAC
+        node.prepare()
+        node.reload_dir.mkdir(parents=True, exist_ok=True)  # SDS watches it (pki-reload renames into it)
+        cluster.etcd.start()
+        node.start_apiserver()
+        node.wait_apiserver()
+        cluster.apply_rbac()
+        cms = [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"hop-{i:02d}", "namespace": NS,
+                                                                      "labels": {"app": "hop"}},
+                "data": {"config.yaml": f"item: {i}\n" + "key: " + "v" * 200 + "\n"}} for i in range(a.items)]
+        cluster.apply(cms)
+        t_up = time.monotonic() - t_all
+        print(f"kubeadm node up in {t_up:.0f} s ({workdir})", flush=True)
+        for v in variants:
+            port, peer, admin = free_port(), free_port(), free_port()
+            b = bootstrap(node, v, port, peer, admin, logs[v], Path(a.before) if v == "before" else wasm)
+            (workdir / f"envoy-{v}.json").write_text(json.dumps(b, indent=1))
+            envoys[v] = harness.Envoy(json.dumps(b, indent=1) + "\n", f"hop-{v}", admin,
+                                      workdir=workdir / f"envoy-{v}", log_level="warning",
+                                      component_log_level="wasm:info")
+            envoys[v].start(timeout=60)
+            ports[v] = port
+        for v in ("filter", "before"):
+            if v in envoys:
+                envoys[v].wait_snapshot(60)
+        urls = {v: f"https://{node.node_ip}:{ports[v]}" for v in variants}
+        targets = [f"{v}={urls[v]}" for v in variants]
+        if not a.no_direct:
+            targets.insert(0, f"direct=https://{node.apiserver_ip}:{APISERVER_PORT}#{SNI}")
+        common = ["-ca", str(node.pki / "ca.crt"), "-token", cluster.token]
+        for t in targets:
+            common += ["-target", t]
+        common += ["-path", f"get={GET}", "-path", f"list={LIST}"]
+        t0 = time.monotonic()
+        res = run_client(common + ["-rounds", str(a.rounds), "-n", str(a.requests), "-warmup", str(a.warmup)])
+        t_rounds = time.monotonic() - t0
+        print(f"paired rounds: {t_rounds:.0f} s; protocols {res['proto']}", flush=True)
+        # the timing pass: access logs on, the three Envoys only
+        for v in variants:
+            req = urllib.request.Request(f"{envoys[v].admin_url}/runtime_modify?{LOG_KEY}=100", method="POST")
+            with OPENER.open(req, timeout=5) as r:
+                assert r.status == 200, r.status
+        tim_args = ["-ca", str(node.pki / "ca.crt"), "-token", cluster.token]
+        for v in variants:
+            tim_args += ["-target", f"{v}={urls[v]}"]
+        tim_args += ["-path", f"get={GET}", "-path", f"list={LIST}", "-rounds", "1",
+                     "-n", str(a.timing_requests), "-warmup", "0"]
+        run_client(tim_args)
+        timings = {}
+        for v in variants:
+            rows = [json.loads(l) for l in logs[v].read_text().splitlines() if l.strip()]
+            for name, path in (("get", GET), ("list", LIST)):
+                sel = [r for r in rows if r.get("path") == path]
+                tmp = workdir / f"t-{v}-{name}.jsonl"
+                tmp.write_text("\n".join(json.dumps(r) for r in sel[1:]))  # the connection's first left out
+                timings[(v, name)] = access_timings(tmp)
+        stats = {v: envoys[v].stats(r"^cluster\.local(-anon)?\.upstream_(cx|rq)_total$") for v in variants}
     finally:
-        cp.stop()
+        for e in envoys.values():
+            e.stop()
+        cluster.stop()
     total = time.monotonic() - t_all
-    head = [f"# The local hop: GET one ConfigMap straight vs through Envoy\n",
-            f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {os.cpu_count()} cores by "
-            f"`scripts/k8s/hop.py --requests {a.requests} --warmup {a.warmup} --rounds {a.rounds} --paired {a.paired}` "
-            f"({total:.0f} s): one kube-apiserver {DEFAULT_VERSION} (+ etcd), Envoy 1.40 via func-e "
-            f"(--concurrency 2), `target/kube_peer_proxy.wasm`. Each cell: a fresh keep-alive HTTPS connection "
-            f"(Python http.client, TLS to Envoy / apiserver), {a.warmup} warm-up GETs, {a.requests} sequential "
-            f"GETs of `{CM}` (bearer token of alice, Accept: application/json); variants interleaved round-robin, "
-            f"each with its own Envoy started and stopped.\n"]
-    body = [] if a.skip_rr else fmt_table(results, variants)
-    if pair_res:
-        base = statistics.median(r[variants[0][0]]["p50"] for r in pair_res)
-        body += ["", f"Paired runs ({len(pair_res)}): all variants up at once, {a.requests} rounds of one GET to each "
-                 "target in rotating order (drift and other jobs hit every variant alike).", "",
-                 "| variant | p50 ms (per run) | median p50 | p99 (median) | mean (median) | Envoy CPU ms/req (idle-subtracted; raw) "
-                 "| delta p50 vs straight |", "|---|---|---|---|---|---|---|"]
-        for v, _ in variants:
-            rs = [r[v] for r in pair_res]
-            med = statistics.median(x["p50"] for x in rs)
-            cpu = "-" if rs[0]["env_cpu_raw"] is None else (
-                f"{statistics.median(x['env_cpu'] for x in rs):.3f}; {statistics.median(x['env_cpu_raw'] for x in rs):.3f}")
-            body.append(f"| {v} | {', '.join(format(x['p50'], '.3f') for x in rs)} | {med:.3f} | "
-                        f"{statistics.median(x['p99'] for x in rs):.3f} | {statistics.median(x['mean'] for x in rs):.3f} "
-                        f"| {cpu} | {'—' if v == variants[0][0] else format(med - base, '+.3f')} |")
-        raw.append({"paired": pair_res})
-    text = "\n".join(head + body) + "\n"
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(text)
-    (Path(a.out).with_suffix(".json")).write_text(json.dumps(raw, indent=1, default=str))
+    text = report(a, res, timings, stats, total, t_up, t_rounds, targets, variants)
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    out.with_suffix(".json").write_text(json.dumps(
+        {"client": res, "timings": {f"{v}/{n}": t for (v, n), t in timings.items()}, "stats": stats}))
     print(text)
-    print(f"written to {a.out} ({total:.0f} s)")
+    print(f"written to {out} ({total:.0f} s)")
+
+
+def report(a, res, timings, stats, total, t_up, t_rounds, targets, variants) -> str:
+    names = [t.split("=", 1)[0] for t in targets]
+    per = {}  # (target, path) -> [p50 per round, µs]
+    for s in res["samples"]:
+        per.setdefault((s["target"], s["path"]), []).append((s["round"], p50(s["us"]), s["us"]))
+    lines = [
+        "The real deployment's hop, measured "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {os.cpu_count()} cores by "
+        f"`scripts/k8s/hop.py --rounds {a.rounds} --requests {a.requests}` ({total:.0f} s: node up {t_up:.0f} s, "
+        f"paired rounds {t_rounds:.0f} s; load average before the run's end "
+        f"{os.getloadavg()[0]:.1f}). kube-apiserver {DEFAULT_VERSION} on a kubeadm node, Envoy 1.40 "
+        "(`--concurrency 2`) rendered by `render_kubeadm`; client bench/hopclient (Go net/http, "
+        f"{'/'.join(sorted(set(res['proto'].values())))}, TLS, one kept-alive connection per target, bearer token). "
+        f"GET `{GET}`; LIST `{LIST}` ({a.items} ConfigMaps). Each round and path: {a.requests} requests to every "
+        "target, one to each in turn (order rotating), never two at once; µs.", "",
+        "| target | GET p50 (median of the rounds' p50) | GET p90 | LIST p50 | LIST p90 | first request (new connection) |",
+        "|---|---:|---:|---:|---:|---:|"]
+    for n in names:
+        row = [n]
+        for path in ("get", "list"):
+            rs = per[(n, path)]
+            row.append(f"{statistics.median(r[1] for r in rs):.0f}")
+            row.append(f"{statistics.median(r[2][int(len(r[2]) * 0.9)] for r in rs):.0f}")
+        row.append(f"{res['first_us'][n]:.0f}")
+        lines.append("| " + " | ".join(row) + " |")
+    pairs = [("filter", "plain"), ("floor", "plain"), ("filter", "floor")]
+    if "before" in names:
+        pairs += [("before", "plain"), ("filter", "before")]
+    if "direct" in names:
+        pairs.append(("plain", "direct"))
+    lines += ["", f"Paired differences of the per-round p50 ({a.rounds} rounds; mean ± 95 % CI, t-distribution):", "",
+              "| difference | GET µs | LIST µs |", "|---|---:|---:|"]
+    diffs = {}
+    for x, y in pairs:
+        row = [f"{x} − {y}"]
+        for path in ("get", "list"):
+            dx = {r[0]: r[1] for r in per[(x, path)]}
+            dy = {r[0]: r[1] for r in per[(y, path)]}
+            d = [dx[k] - dy[k] for k in sorted(dx)]
+            m, h = ci(d)
+            diffs[(x, y, path)] = (m, h)
+            row.append(f"{m:+.1f} ± {h:.1f}")
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", f"Envoy's own timings ({a.timing_requests} requests per variant and path after the rounds, "
+              "access log on; medians, µs unless named ms):", "",
+              "| timing | " + " | ".join(f"{v} {p}" for p in ("GET", "LIST") for v in variants) + " |",
+              "|---|" + "---:|" * (2 * len(variants))]
+    for k in TIMINGS:
+        cells = []
+        for p in ("get", "list"):
+            for v in variants:
+                val = timings[(v, p)][k]
+                cells.append("-" if val is None else f"{val:g}")
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    lines.append("| response flags | " + " | ".join(
+        ",".join(timings[(v, p)]["flags"]) for p in ("get", "list") for v in variants) + " |")
+    cx = "; ".join(f"{v}: " + ", ".join(f"{k.split('.')[1]} {k.rsplit('.', 1)[1]} {n}" for k, n in sorted(s.items()))
+                   for v, s in stats.items())
+    lines += ["", f"Upstream connections and requests per Envoy over the whole run: {cx}.", "",
+              "| goal | measured | holds |", "|---|---|---|"]
+    for path, label in (("get", "local GET"), ("list", "LIST")):
+        m, h = diffs[("filter", "plain", path)]
+        lines.append(f"| filter ≤ plain Envoy + 50 µs p50 ({label}) | filter − plain {m:+.1f} ± {h:.1f} µs | "
+                     f"{'yes' if m <= 50 else 'no'} (mean) |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -1,0 +1,3 @@
+module kube-peer-proxy/bench/hopclient
+
+go 1.22
