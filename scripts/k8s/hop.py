@@ -40,7 +40,7 @@ from pathlib import Path
 
 from kpp.testing import harness
 from kpp.testing.cluster import DEFAULT_VERSION
-from kpp.testing.kubeadm_node import APISERVER_PORT, SNI, KubeadmCluster
+from kpp.testing.kubeadm_node import APISERVER_PORT, SNI, KubeadmCluster, kubeconfig_credentials
 from kpp.testing.proc import OPENER, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,7 +72,7 @@ FLAGS = "%RESPONSE_FLAGS%"
 def _gated_log(path: Path) -> list:
     fmt = {k: v for k, v in TIMINGS.items()}
     fmt.update(flags=FLAGS, code="%RESPONSE_CODE%", path="%REQ(:PATH)%", cluster="%UPSTREAM_CLUSTER%",
-               proto="%PROTOCOL%", bytes="%BYTES_SENT%")
+               proto="%PROTOCOL%", bytes="%BYTES_SENT%", user="%REQ(X-REMOTE-USER)%")
     return [{"name": "envoy.access_loggers.file",
              # off (0 %) until the timing pass turns it on through the admin runtime layer
              "filter": {"runtime_filter": {"runtime_key": LOG_KEY,
@@ -222,14 +222,24 @@ def main(argv=None):
         tim_args += ["-path", f"get={GET}", "-path", f"list={LIST}", "-rounds", "1",
                      "-n", str(a.timing_requests), "-warmup", "0"]
         run_client(tim_args)
+        # and the kubeadm clients' way in: admin.conf's client certificate, through the filter only
+        # (without the filter nobody asserts a certificate's identity); the filter then reads the subject,
+        # adds the identity headers and the request goes to `local` with the front-proxy certificate
+        crt, key = kubeconfig_credentials(node.kubeconfig("admin"), workdir / "creds")
+        run_client(["-ca", str(node.pki / "ca.crt"), "-cert", str(crt), "-key", str(key),
+                    "-target", f"filter={urls['filter']}", "-path", f"get={GET}", "-path", f"list={LIST}",
+                    "-rounds", "1", "-n", str(a.timing_requests), "-warmup", "0"])
         timings = {}
         for v in variants:
             rows = [json.loads(l) for l in logs[v].read_text().splitlines() if l.strip()]
             for name, path in (("get", GET), ("list", LIST)):
-                sel = [r for r in rows if r.get("path") == path]
-                tmp = workdir / f"t-{v}-{name}.jsonl"
-                tmp.write_text("\n".join(json.dumps(r) for r in sel[1:]))  # the connection's first left out
-                timings[(v, name)] = access_timings(tmp)
+                for who, cert in ((v, False), (f"{v} (certificate)", True)):
+                    sel = [r for r in rows if r.get("path") == path and (r.get("user") not in (None, "", "-")) == cert]
+                    if not sel:
+                        continue
+                    tmp = workdir / f"t-{who}-{name}.jsonl".replace(" ", "_")
+                    tmp.write_text("\n".join(json.dumps(r) for r in sel[1:]))  # the connection's first left out
+                    timings[(who, name)] = access_timings(tmp)
         stats = {v: envoys[v].stats(r"^cluster\.local(-anon)?\.upstream_(cx|rq)_total$") for v in variants}
     finally:
         for e in envoys.values():
@@ -289,19 +299,22 @@ def report(a, res, timings, stats, total, t_up, t_rounds, targets, variants) -> 
             diffs[(x, y, path)] = (m, h)
             row.append(f"{m:+.1f} ± {h:.1f}")
         lines.append("| " + " | ".join(row) + " |")
+    tv = list(variants) + ["filter (certificate)"]
     lines += ["", f"Envoy's own timings ({a.timing_requests} requests per variant and path after the rounds, "
-              "access log on; medians, µs unless named ms):", "",
-              "| timing | " + " | ".join(f"{v} {p}" for p in ("GET", "LIST") for v in variants) + " |",
-              "|---|" + "---:|" * (2 * len(variants))]
+              "access log on; medians, µs unless named ms). `filter (certificate)`: the same requests with "
+              "admin.conf's client certificate instead of the token (the filter asserts its identity; the "
+              "apiserver authenticates the front proxy), through the filter only:", "",
+              "| timing | " + " | ".join(f"{v} {p}" for p in ("GET", "LIST") for v in tv) + " |",
+              "|---|" + "---:|" * (2 * len(tv))]
     for k in TIMINGS:
         cells = []
         for p in ("get", "list"):
-            for v in variants:
+            for v in tv:
                 val = timings[(v, p)][k]
                 cells.append("-" if val is None else f"{val:g}")
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
     lines.append("| response flags | " + " | ".join(
-        ",".join(timings[(v, p)]["flags"]) for p in ("get", "list") for v in variants) + " |")
+        ",".join(timings[(v, p)]["flags"]) for p in ("get", "list") for v in tv) + " |")
     cx = "; ".join(f"{v}: " + ", ".join(f"{k.split('.')[1]} {k.rsplit('.', 1)[1]} {n}" for k, n in sorted(s.items()))
                    for v, s in stats.items())
     lines += ["", f"Upstream connections and requests per Envoy over the whole run: {cx}.", "",
