@@ -1062,11 +1062,14 @@ def report(results: list[Result], idle: list[dict], bench: Bench, argv: list[str
         w("Differences per pair, µs: " + "; ".join(
             f"({p.filter}) " + ", ".join(f"{d:+.0f}" for d in p.diffs) for p in paired.values()) + ".")
         w("")
-        if "b" in paired and paired["b"].ci()[2] > 10:
-            text = local_breakdown(by, paired["b"])
-            w(text or "The local path's CI reaches above floor + 10 µs; run the host-call probes (p-*) "
-                      "in the same run to price the host calls it makes.")
-            w("")
+        for key in ("b", "t-b"):
+            if key in paired and paired[key].ci()[2] > 10:
+                text = local_breakdown(by, paired[key])
+                w((text + (" The probes run over HTTP/1.1; the host calls are the same over TLS + HTTP/2."
+                           if key == "t-b" else "")) if text else
+                  f"The ({key}) CI reaches above floor + 10 µs; run the host-call probes (p-*) in the "
+                  "same run to price the host calls it makes.")
+                w("")
     if sweep:
         sw = sweep_by(sweep)
         ns = sorted({n for n, _ in sw})
@@ -1099,6 +1102,15 @@ def report(results: list[Result], idle: list[dict], bench: Bench, argv: list[str
               f"{worker_vm(fi)} | {worker_vm(fl_)} | "
               f"{min(min(x.per_worker_cx) for x in (pl, fl_, fi) if x)} |")
         w("")
+        hi = ns[-1]
+        if all((hi, k) in sw for k in ("plain", "floor", "filter")):
+            pl, fl_, fi = (sw[hi, k].rss_mib for k in ("plain", "floor", "filter"))
+            main_vm = sw[hi, "filter"].vms[0][1] if sw[hi, "filter"].vms else float("nan")
+            w(f"At {hi} workers, filter − plain ({fi - pl:+.0f} MiB) = the floor over plain Envoy "
+              f"({fl_ - pl:+.0f} MiB: the wasm runtime and a VM per worker, with a filter that does "
+              f"nothing) + the filter over the floor ({fi - fl_:+.0f} MiB, of which the main thread's VM "
+              f"holds {main_vm:.0f} MiB resident).")
+            w("")
         w("RSS samples, MiB: " + "; ".join(
             f"{x.workers} workers {x.kind} " + ", ".join(f"{r:.0f}" for r in x.samples)
             for x in sorted(sweep, key=lambda x: (x.workers, x.kind))) + ".")
