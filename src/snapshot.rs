@@ -218,11 +218,14 @@ pub fn group_key(group: &str) -> String {
 }
 
 /// Members whose resources in `group` (and `version`, if not empty) are unknown.
+/// What every [`unknown_key`] starts with.
+const UNKNOWN_PREFIX: &str = "u/";
+
 pub fn unknown_key(group: &str, version: &str) -> String {
     if version.is_empty() {
-        format!("u/{group}")
+        format!("{UNKNOWN_PREFIX}{group}")
     } else {
-        format!("u/{group}/{version}")
+        format!("{UNKNOWN_PREFIX}{group}/{version}")
     }
 }
 
@@ -337,6 +340,7 @@ impl Table {
     pub fn servers_for(&self, key: &str) -> u64 {
         match self.key_source {
             KeySource::InTable => self.keys.get(key).copied().unwrap_or(0),
+            KeySource::Shared(_) if key.starts_with(UNKNOWN_PREFIX) => self.keys.get(key).copied().unwrap_or(0),
             KeySource::Shared(read) => read(&entry_key(self.keys_slot, key))
                 .and_then(|v| entry_bits(self.keys_version, &v))
                 .unwrap_or(0),
@@ -371,9 +375,17 @@ impl Table {
         self.encode_with(Some(&self.keys))
     }
 
-    /// The head a filter VM decodes: everything but the keys, which it reads as entries.
+    /// The head a filter VM decodes: everything but the resource and group keys, which it reads
+    /// as entries. The few `u/` keys ([`unknown_key`]) stay in it: every resource request asks
+    /// one, and in the head that costs no host call.
     pub fn encode_head(&self) -> Vec<u8> {
-        self.encode_with(None)
+        let unknown: BTreeMap<String, u64> = self
+            .keys
+            .iter()
+            .filter(|(k, _)| k.starts_with(UNKNOWN_PREFIX))
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        self.encode_with(Some(&unknown))
     }
 
     fn encode_with(&self, keys: Option<&BTreeMap<String, u64>>) -> Vec<u8> {
