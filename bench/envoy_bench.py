@@ -899,14 +899,14 @@ def wasm_size(path: Path | None) -> str:
 # Host calls the filter makes on a local GET of a resource (src/wasm/filter.rs, worker.rs, snapshot.rs;
 # plain profile: no client certificate, no lease discovery) beyond what the floor does (one `:path`
 # read): 4 request-header reads (the route header, `:method`, `:path`, x-kubernetes-peer-proxied) of
-# which `:path` is the floor's too, 3 shared-data reads (the generation key, the group/version's
-# "unknown" entry, the resource's entry) and the response's `:status` (a local request is guarded).
+# which `:path` is the floor's too, 2 shared-data reads (the generation key and the resource's entry;
+# the group/version's "unknown" keys are in the table's head since 6851909) and the response's
+# `:status` (a local request is guarded).
 # No metric increments, no property reads. Each: (count, probe key, host calls per probe unit, what).
 LOCAL_CALLS = [
     (3, "p-headers6", 6, "request-header reads beyond the floor's `:path` (route header, `:method`, "
                         "x-kubernetes-peer-proxied; `:path` is the floor's too)"),
-    (3, "p-shared", 1, "shared-data reads (generation key, the group/version's unknown entry, the "
-                       "resource's entry)"),
+    (2, "p-shared", 1, "shared-data reads (the generation key, the resource's entry)"),
     (1, "p-status", 1, "`:status` read on the response (the 404 guard's check)"),
 ]
 
