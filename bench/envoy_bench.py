@@ -430,7 +430,7 @@ class Result:
     hwm_mib: float = 0.0
     snapshot_s: float | None = None
     # Latencies (ms) of the first requests after the first snapshot was published: the first one
-    # on each worker decodes the table and copies the merged documents into that worker's VM.
+    # on each worker decodes the table's head and copies the small merged documents into its VM.
     first_ms: list[float] = field(default_factory=list)
     # V8 linear memories of the Envoy process (one per wasm VM): (size MiB, resident MiB).
     vms: list[tuple[float, float]] = field(default_factory=list)
@@ -866,8 +866,10 @@ def goal_rows(by: dict, bench: "Bench", sweep: list[SweepPoint] | None = None,
     for e, s_ in (("e1", "b"), ("e2", "c")):
         if e in by and s_ in by:
             xs = [x.us_per_req for x in by[s_].runs]
-            ok = min(xs) <= us(e) <= max(xs) or abs(us(e) - us(s_)) <= 5
-            rows.append((f"per-request cost flat with table size ({e} vs {s_})",
+            # "Does not grow": the large table within the small one's runs, or at most 5 µs above
+            # its median (a large-table median below the small one's fastest run is no failure).
+            ok = us(e) <= max(xs) or us(e) - us(s_) <= 5
+            rows.append((f"per-request cost does not grow with table size ({e} vs {s_})",
                          f"({e}) {us(e):.1f} µs vs ({s_}) {us(s_):.1f} µs (runs {min(xs):.0f}–{max(xs):.0f})", ok))
     for k in ("e1", "b"):
         if k in by and f"{k}0" in by and by[k].snapshot_s is not None and by[f"{k}0"].snapshot_s is not None:
@@ -1126,7 +1128,7 @@ def report(results: list[Result], idle: list[dict], bench: Bench, argv: list[str
         w("")
     firsts = [r for r in results if r.first_ms]
     if firsts:
-        w("**New snapshot on the request path**: a filter VM decodes the table (and copies the merged "
+        w("**New snapshot on the request path**: a filter VM decodes the table's head (and copies the merged "
           "documents) on the first request after the generation changes. Right after the first "
           "snapshot was published (seconds after Envoy was ready in brackets), 20 sequential "
           "requests, each on a new connection (so both workers get some), no other load:")
