@@ -3,17 +3,20 @@
 //!
 //! * **Mark**: a filter that rerouted a request to a peer and got Envoy's own reply for a connect
 //!   failure ([`upstream`] of `response.code_details`) writes the time (ms) under [`down_key`] of
-//!   that peer's target, and sets the peer's bit in its own [`Marks`] at once.
-//! * **Read**: every worker reads the marks of its table's servers ([`read_marks`]) on its timer
-//!   and with each new table, so a request reads no shared data for them; routing asks
-//!   [`Marks::is_down`] only about peers that serve the request.
+//!   that peer's target.
+//! * **Read**: routing asks [`is_down`] only about the peers that serve a rerouted request, and
+//!   each question reads that peer's mark from shared data (one `get_shared_data`), so every
+//!   worker sees a mark, and its clearing, from the next request on. An earlier version read the
+//!   marks on each worker's timer instead (no shared-data read per request): then every worker
+//!   still picked the dead peer until its own timer ran, one failed request per worker (32 on a
+//!   32-thread node) instead of one.
 //! * **Clear**: the discovery service writes [`CLEARED`] when the marked peer answered a discovery
 //!   round after the mark ([`recovered`]), before it publishes the snapshot that shows it healthy.
 //!
 //! A mark is separate from the table's `unhealthy` set, which the discovery walk sets itself when a
 //! discovery call cannot connect.
 
-use crate::snapshot::{bit, Table};
+use crate::snapshot::Table;
 
 /// Where the mark of `target` ([`crate::snapshot::ServerRef::target`]: the cluster, or the address
 /// of a peer learned from a lease) lives in shared data: the time of the mark (ms), or `0`.
@@ -62,15 +65,14 @@ pub fn upstream(code_details: &str) -> Upstream {
     }
 }
 
-/// The marks of `table`'s servers as table bits; `read(key)` is the shared-data value under a key.
-pub fn read_marks(table: Option<&Table>, read: &mut dyn FnMut(&str) -> Option<u64>) -> u64 {
-    let mut down = 0u64;
-    for (i, server) in table.iter().flat_map(|t| t.servers.iter()).enumerate() {
-        if is_marked(read(&down_key(server.target()))) {
-            down |= bit(i);
-        }
-    }
-    down
+/// Whether `table.servers[index]` is marked down; `read(key)` is the shared-data value under a
+/// key. Asked per candidate peer of a rerouted request, so a mark one worker writes holds on every
+/// worker from the next request on: a dead peer costs the cluster one failed request (plus any
+/// already in flight to it), not one per Envoy worker.
+pub fn is_down(table: Option<&Table>, index: usize, read: &mut dyn FnMut(&str) -> Option<u64>) -> bool {
+    table
+        .and_then(|t| t.servers.get(index))
+        .is_some_and(|server| is_marked(read(&down_key(server.target()))))
 }
 
 /// The marks the discovery service clears: `(target, key)` of each server in `answering`
@@ -87,43 +89,4 @@ pub fn recovered<'a>(
             (mark != 0 && last_success > mark).then_some((target, key))
         })
         .collect()
-}
-
-/// One worker's view of the marks.
-#[derive(Debug, Default, Clone)]
-pub struct Marks {
-    /// Servers (table bits) some filter could not connect to lately.
-    down: u64,
-    /// Whether the worker's timer reads the marks; without it, each question reads shared data.
-    timer: bool,
-}
-
-impl Marks {
-    /// The marks read for `table` (on the timer, or with a new table).
-    pub fn load(&mut self, table: Option<&Table>, read: &mut dyn FnMut(&str) -> Option<u64>) {
-        self.down = read_marks(table, read);
-    }
-
-    /// The worker's timer runs: from now on the bits it reads are the answer.
-    pub fn timer_runs(&mut self) {
-        self.timer = true;
-    }
-
-    /// Whether `table.servers[index]` is marked down.
-    pub fn is_down(&self, index: usize, table: Option<&Table>, read: &mut dyn FnMut(&str) -> Option<u64>) -> bool {
-        if self.timer {
-            return self.down & bit(index) != 0;
-        }
-        let Some(server) = table.and_then(|t| t.servers.get(index)) else {
-            return false;
-        };
-        is_marked(read(&down_key(server.target())))
-    }
-
-    /// This worker marked `target` down (the shared mark is the adapter's to write).
-    pub fn mark(&mut self, table: Option<&Table>, target: &str) {
-        if let Some(i) = table.and_then(|t| t.servers.iter().position(|s| s.target() == target)) {
-            self.down |= bit(i);
-        }
-    }
 }

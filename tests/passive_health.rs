@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use kube_peer_proxy::passive_health::{down_key, is_marked, mark_value, read_marks, recovered, Marks, CLEARED};
+use kube_peer_proxy::passive_health::{down_key, is_down, is_marked, mark_value, recovered, CLEARED};
 use kube_peer_proxy::snapshot::{ServerRef, Table};
 
 fn server(name: &str, local: bool, address: Option<&str>) -> ServerRef {
@@ -32,16 +32,19 @@ fn reader(data: &HashMap<String, Vec<u8>>) -> impl FnMut(&str) -> Option<u64> + 
 }
 
 #[test]
-fn a_mark_is_keyed_by_target_and_read_as_table_bits() {
+fn a_mark_is_keyed_by_target_and_asked_by_table_index() {
     let t = table();
     let mut data = HashMap::new();
     // A lease peer is marked by its address, a configured one by its cluster.
     data.insert(down_key("10.0.0.3:6443"), mark_value(1_000).into_bytes());
     data.insert(down_key("b-cluster"), CLEARED.to_vec());
-    assert_eq!(read_marks(Some(&t), &mut reader(&data)), 0b100);
+    let down = |data: &HashMap<String, Vec<u8>>, t: Option<&Table>| -> Vec<bool> {
+        (0..4).map(|i| is_down(t, i, &mut reader(data))).collect()
+    };
+    assert_eq!(down(&data, Some(&t)), [false, false, true, false]);
     data.insert(down_key("b-cluster"), mark_value(2_000).into_bytes());
-    assert_eq!(read_marks(Some(&t), &mut reader(&data)), 0b110);
-    assert_eq!(read_marks(None, &mut reader(&data)), 0);
+    assert_eq!(down(&data, Some(&t)), [false, true, true, false]);
+    assert_eq!(down(&data, None), [false; 4]);
     assert!(!is_marked(None));
     assert!(!is_marked(Some(0)));
     assert!(is_marked(Some(1)));
@@ -58,24 +61,14 @@ fn a_mark_is_cleared_only_by_an_answer_after_it() {
 }
 
 #[test]
-fn a_worker_sees_its_own_mark_at_once_and_the_timer_s_read_after() {
+fn a_mark_and_its_clearing_hold_from_the_next_question_on() {
+    // No worker caches marks: what one worker writes (or the service clears) is the next answer of
+    // every worker, so a dead peer fails one request in the cluster, not one per worker.
     let t = table();
     let mut data = HashMap::new();
-    let mut marks = Marks::default();
-    // Without the timer, each question reads shared data.
+    assert!(!is_down(Some(&t), 1, &mut reader(&data)));
     data.insert(down_key("b-cluster"), mark_value(1).into_bytes());
-    assert!(marks.is_down(1, Some(&t), &mut reader(&data)));
-    assert!(!marks.is_down(2, Some(&t), &mut reader(&data)));
-    assert!(!marks.is_down(7, Some(&t), &mut reader(&data)));
-    // With it, only what the timer read (and this worker's own marks) count.
-    marks.timer_runs();
-    assert!(!marks.is_down(1, Some(&t), &mut reader(&data)));
-    marks.load(Some(&t), &mut reader(&data));
-    assert!(marks.is_down(1, Some(&t), &mut reader(&data)));
-    marks.mark(Some(&t), "10.0.0.3:6443");
-    assert!(marks.is_down(2, Some(&t), &mut reader(&data)));
+    assert!(is_down(Some(&t), 1, &mut reader(&data)));
     data.insert(down_key("b-cluster"), CLEARED.to_vec());
-    marks.load(Some(&t), &mut reader(&data));
-    assert!(!marks.is_down(1, Some(&t), &mut reader(&data)));
-    assert!(!marks.is_down(2, Some(&t), &mut reader(&data)));
+    assert!(!is_down(Some(&t), 1, &mut reader(&data)));
 }

@@ -1,7 +1,8 @@
 //! The per-VM state of the HTTP filter, shared by every request on a worker: the serving table's
 //! head in a cache (a request reads the small generation key and the entries it looks up, and the
-//! worker's timer decodes a new head before requests need it), the peers' passive-health marks (read on the timer too, so a request to
-//! a peer reads no shared data), this VM's copies of the merged documents, and metric ids.
+//! worker's timer decodes a new head before requests need it), this VM's copies of the merged
+//! documents, and metric ids. The peers' passive-health marks are not cached: a rerouted request
+//! reads each candidate's mark, so one worker's mark holds on all of them at once.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -12,7 +13,7 @@ use proxy_wasm::types::{Action, BufferType};
 use super::host::{self, Metrics};
 use crate::config::Config;
 use crate::metrics;
-use crate::passive_health::{self, Marks};
+use crate::passive_health;
 use crate::request::guard::Target;
 use crate::request::reply::LocalReply;
 use crate::request::response;
@@ -32,8 +33,6 @@ pub struct Shared {
 struct Cache {
     generation: Option<u64>,
     table: Option<Rc<Table>>,
-    /// The passive-health marks of the table's servers (see [`passive_health`]).
-    marks: Marks,
     /// The merged documents published whole (`None`: published in pieces, see
     /// [`snapshot::WHOLE_LIMIT`]), in [`response::merged_source`] order.
     docs: [Option<Rc<Vec<u8>>>; 3],
@@ -94,29 +93,21 @@ impl Shared {
     }
 
     /// The worker timer's work: the newest table (shared data is re-read only when the small
-    /// generation key moved) and the passive-health marks of its servers.
+    /// generation key moved), so requests rarely decode a head.
     pub fn on_tick(&self) {
-        self.cache.borrow_mut().marks.timer_runs();
-        let table = self.refresh();
-        self.cache
-            .borrow_mut()
-            .marks
-            .load(table.as_deref(), &mut host::shared_u64);
+        self.refresh();
     }
 
+    /// Whether `table.servers[index]` is marked down now, by any worker (one shared-data read).
     pub fn is_down(&self, index: usize) -> bool {
         let cache = self.cache.borrow();
-        cache
-            .marks
-            .is_down(index, cache.table.as_deref(), &mut host::shared_u64)
+        passive_health::is_down(cache.table.as_deref(), index, &mut host::shared_u64)
     }
 
-    /// Marks a server down for every worker (shared data) and at once for this one.
+    /// Marks a server down for every worker (shared data): each reads it on its next reroute.
     pub fn mark_down(&self, target: &str) {
         let value = passive_health::mark_value(host::now_ms());
         host::set_shared(&passive_health::down_key(target), value.as_bytes());
-        let cache = &mut *self.cache.borrow_mut();
-        cache.marks.mark(cache.table.as_deref(), target);
     }
 
     fn refresh(&self) -> Option<Rc<Table>> {
@@ -153,9 +144,6 @@ impl Shared {
         if let (Some(apis), Some(api), Some(legacy)) =
             (doc(MergedDoc::Apis), doc(MergedDoc::Api), doc(MergedDoc::ApisLegacy))
         {
-            // A new snapshot usually follows a member's change of health (the service clears a
-            // recovered member's mark before it publishes): read the marks with it.
-            cache.marks.load(Some(&table), &mut host::shared_u64);
             cache.generation = Some(table.generation);
             cache.table = Some(Rc::new(table));
             cache.docs = [apis, api, legacy];

@@ -5,6 +5,7 @@ the key set when it changes twice (the two key-entry slots alternate and come ba
 from __future__ import annotations
 
 import re
+import time
 
 from kpp.testing import harness
 from kpp.testing.proc import served_by
@@ -48,3 +49,22 @@ def test_every_worker_routes_from_shared_data_and_follows_two_key_set_changes(to
     harness.wait_until(lambda: answers(topo, NEW_ONLY) == {(200, "b")}, 20, interval=0.2,
                        message="the workers do not route to b after it serves the new API again")
     assert answers(topo, COMMON) == {(200, "a")}
+
+
+def test_a_dead_peer_fails_one_request_not_one_per_worker(topo):
+    """One worker's passive mark holds on every worker from the next request on. With the marks read
+    on each worker's timer instead (before this test), each of the 8 workers that picked b before its
+    own timer ran failed a request of its own."""
+    topo.start(plugin={"refresh_interval": "5s", "staleness_limit": "30s"}, concurrency=WORKERS)
+    assert answers(topo, NEW_ONLY) == {(200, "b"), (200, "c")}
+    before = per_worker_connections(topo.envoy, topo.port)
+    topo.b.stop()
+    # Discovery has not noticed (5 s rounds, the timers run every second): only the mark can say.
+    started = time.monotonic()
+    statuses = [request(topo.url(NEW_ONLY)).status for _ in range(CONNECTIONS)]
+    elapsed = time.monotonic() - started
+    after = per_worker_connections(topo.envoy, topo.port)
+    busy = [w for w in range(WORKERS) if after.get(w, 0) > before.get(w, 0)]
+    assert len(busy) == WORKERS, (before, after)
+    assert statuses.count(503) <= 1, (statuses, elapsed)
+    assert set(statuses) <= {200, 503}, statuses

@@ -48,9 +48,10 @@ class Topology:
             wasm_path=str(harness.wasm_path()), plugin=cfg, **kwargs)
         return yaml, port, admin
 
-    def start(self, plugin: dict | None = None, wait_snapshot: bool = True, **kwargs) -> "Topology":
+    def start(self, plugin: dict | None = None, wait_snapshot: bool = True, concurrency: int = 2,
+              **kwargs) -> "Topology":
         yaml, self.port, admin = self.bootstrap(plugin, **kwargs)
-        self.envoy = self.envoys.start(yaml, "a", admin)
+        self.envoy = self.envoys.start(yaml, "a", admin, concurrency=concurrency)
         if wait_snapshot:
             self.envoy.wait_snapshot(20)
         return self
