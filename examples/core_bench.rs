@@ -19,10 +19,10 @@ use std::process::ExitCode;
 
 use kube_peer_proxy::config::Config;
 use kube_peer_proxy::discovery::documents::{
-    self, GroupDiscovery, GroupMeta, Gvk, ResourceDiscovery, SubresourceDiscovery, VersionDiscovery,
+    self, GroupDiscovery, GroupMeta, Gvk, ResourceDiscovery, Str, SubresourceDiscovery, VersionDiscovery,
 };
 use kube_peer_proxy::discovery::merge;
-use kube_peer_proxy::discovery::sync::{Outcome, Publish, Syncer};
+use kube_peer_proxy::discovery::sync::{Body, Outcome, Publish, Syncer};
 use kube_peer_proxy::request::request_info;
 use kube_peer_proxy::request::routing::{self, RequestFacts};
 use kube_peer_proxy::snapshot::{self, ServerDiscovery, ServerRef, Table};
@@ -223,7 +223,7 @@ fn core_groups() -> Result<Vec<GroupDiscovery>, String> {
 /// Synthetic CRD groups: `g<i>.bench.example.com`, versions `v1`, `v1beta1`, ..., resources
 /// `kind<j>s` with a `status` subresource, like a cluster with many operators installed.
 fn synth_groups(groups: usize, versions: usize, resources: usize) -> Vec<GroupDiscovery> {
-    let verbs: Vec<String> = [
+    let verbs: Vec<Str> = [
         "create",
         "delete",
         "deletecollection",
@@ -234,14 +234,16 @@ fn synth_groups(groups: usize, versions: usize, resources: usize) -> Vec<GroupDi
         "watch",
     ]
     .iter()
-    .map(|s| s.to_string())
+    .map(|s| Str::from(*s))
     .collect();
     let version_names = ["v1", "v1beta1", "v1alpha1", "v1beta2", "v2"];
     (0..groups)
         .map(|g| {
             let group = format!("g{g:04}.bench.example.com");
             GroupDiscovery {
-                metadata: GroupMeta { name: group.clone() },
+                metadata: GroupMeta {
+                    name: group.clone().into(),
+                },
                 versions: (0..versions)
                     .map(|v| {
                         let version = version_names
@@ -249,33 +251,37 @@ fn synth_groups(groups: usize, versions: usize, resources: usize) -> Vec<GroupDi
                             .map(|s| s.to_string())
                             .unwrap_or_else(|| format!("v{v}"));
                         VersionDiscovery {
-                            version: version.clone(),
+                            version: version.clone().into(),
                             resources: (0..resources)
                                 .map(|r| {
                                     let kind = format!("Kind{r:02}");
                                     let gvk = Gvk {
-                                        group: group.clone(),
-                                        version: version.clone(),
-                                        kind: kind.clone(),
+                                        group: group.clone().into(),
+                                        version: version.clone().into(),
+                                        kind: kind.clone().into(),
                                     };
                                     ResourceDiscovery {
-                                        resource: format!("kind{r:02}s"),
+                                        resource: format!("kind{r:02}s").into(),
                                         response_kind: Some(gvk.clone()),
-                                        scope: "Namespaced".to_string(),
-                                        singular_resource: format!("kind{r:02}"),
+                                        scope: "Namespaced".into(),
+                                        singular_resource: format!("kind{r:02}").into(),
                                         verbs: verbs.clone(),
                                         short_names: Vec::new(),
-                                        categories: vec!["all".to_string()],
+                                        categories: vec!["all".into()],
                                         subresources: vec![SubresourceDiscovery {
-                                            subresource: "status".to_string(),
+                                            subresource: "status".into(),
                                             response_kind: Some(gvk),
                                             accepted_types: Vec::new(),
-                                            verbs: vec!["get".to_string(), "patch".to_string(), "update".to_string()],
+                                            verbs: vec![
+                                                "get".into(),
+                                                "patch".to_string().into(),
+                                                "update".to_string().into(),
+                                            ],
                                         }],
                                     }
                                 })
                                 .collect(),
-                            freshness: "Current".to_string(),
+                            freshness: "Current".into(),
                         }
                     })
                     .collect(),
@@ -354,19 +360,19 @@ impl Servers {
                     status: 304,
                     content_type: String::new(),
                     etag: Some(etag.clone()),
-                    body: Vec::new(),
+                    body: Body::Bytes(Vec::new()),
                 },
                 Some((body, etag)) => Outcome::Response {
                     status: 200,
                     content_type: V2.to_string(),
                     etag: Some(etag.clone()),
-                    body: body.clone(),
+                    body: Body::Bytes(body.clone()),
                 },
                 None => Outcome::Response {
                     status: 404,
                     content_type: "application/json".to_string(),
                     etag: None,
-                    body: Vec::new(),
+                    body: Body::Bytes(Vec::new()),
                 },
             };
             let step = syncer.on_response(f.id, outcome, now_ms);
@@ -390,9 +396,9 @@ fn snapshot_cmd(local: &str, peers: &[&str]) -> Result<(), String> {
     // The values the discovery service writes to shared data (src/wasm/service.rs `publish`).
     let values = [
         ("table", p.table.encode().len()),
-        ("merged_apis", p.merged_apis.len()),
-        ("merged_api", p.merged_api.len()),
-        ("merged_apis_legacy", p.merged_apis_legacy.len()),
+        ("merged_apis", p.merged_apis().len()),
+        ("merged_api", p.merged_api().len()),
+        ("merged_apis_legacy", p.merged_apis_legacy().len()),
         ("generation", p.table.generation.to_string().len()),
     ];
     let total: usize = values.iter().map(|(_, n)| n).sum();

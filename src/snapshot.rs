@@ -9,10 +9,12 @@
 //! not grow with Envoy's worker count, and a lookup costs the same for any table size.
 
 use std::collections::BTreeMap;
+use std::rc::Rc;
 
 use serde::{Deserialize, Serialize};
 
 use crate::discovery::documents::GroupDiscovery;
+use crate::request::routing::MergedDoc;
 
 /// Shared-data keys. Values are written table/documents first and generation last.
 pub const KEY_GENERATION: &str = "kube-peer-proxy.v1/generation";
@@ -388,7 +390,25 @@ impl Table {
         self.encode_with(Some(&unknown))
     }
 
+    /// `etag(&self.encode())`, hashed as it is serialized: the discovery service compares a new
+    /// table with the last one without writing out megabytes of keys.
+    pub fn fingerprint(&self) -> String {
+        let mut h = Fnv::default();
+        self.encode_to(Some(&self.keys), &mut |bytes| h.write(bytes));
+        h.etag()
+    }
+
     fn encode_with(&self, keys: Option<&BTreeMap<String, u64>>) -> Vec<u8> {
+        let mut len = 0usize;
+        self.encode_to(keys, &mut |bytes| len += bytes.len());
+        // Exact size: a large table is not left in a buffer grown by doubling.
+        let mut out = Vec::with_capacity(len);
+        self.encode_to(keys, &mut |bytes| out.extend_from_slice(bytes));
+        out
+    }
+
+    /// The JSON of the table with `keys`, handed to `sink` piece by piece.
+    fn encode_to(&self, keys: Option<&BTreeMap<String, u64>>, sink: &mut dyn FnMut(&[u8])) {
         #[derive(Serialize)]
         struct Enc<'a> {
             generation: u64,
@@ -409,28 +429,26 @@ impl Table {
             apis_legacy_etag: &'a str,
             merged_lengths: [u64; 3],
         }
-        // Exact size: a large table is not left in a buffer grown by doubling.
-        crate::discovery::documents::to_vec_exact(
-            &Enc {
-                generation: self.generation,
-                built_ms: self.built_ms,
-                servers: &self.servers,
-                keys,
-                keys_slot: self.keys_slot,
-                keys_version: self.keys_version,
-                known_core: self.known_core,
-                known_groups: self.known_groups,
-                fresh_core: self.fresh_core,
-                fresh_groups: self.fresh_groups,
-                unhealthy: self.unhealthy,
-                membership_unknown: self.membership_unknown,
-                apis_etag: &self.apis_etag,
-                api_etag: &self.api_etag,
-                apis_legacy_etag: &self.apis_legacy_etag,
-                merged_lengths: self.merged_lengths,
-            },
-            0,
-        )
+        let enc = Enc {
+            generation: self.generation,
+            built_ms: self.built_ms,
+            servers: &self.servers,
+            keys,
+            keys_slot: self.keys_slot,
+            keys_version: self.keys_version,
+            known_core: self.known_core,
+            known_groups: self.known_groups,
+            fresh_core: self.fresh_core,
+            fresh_groups: self.fresh_groups,
+            unhealthy: self.unhealthy,
+            membership_unknown: self.membership_unknown,
+            apis_etag: &self.apis_etag,
+            api_etag: &self.api_etag,
+            apis_legacy_etag: &self.apis_legacy_etag,
+            merged_lengths: self.merged_lengths,
+        };
+        // Serializing plain structs, maps and strings into a sink that never fails cannot fail.
+        let _ = serde_json::to_writer(Sink(sink), &enc);
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Table, String> {
@@ -438,55 +456,161 @@ impl Table {
     }
 }
 
-/// Everything a filter needs, built from the members' state: the serving table and the merged
-/// discovery documents, with their ETags in the table.
+/// The members' documents the merged documents are written from, in merge order (servers by
+/// name): shared with the discovery service's state, not copied.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MergedSource {
+    /// `/apis` of every member that has one.
+    pub apis: Vec<Rc<Vec<GroupDiscovery>>>,
+    /// `/api` of every member that has one.
+    pub core: Vec<Rc<Vec<GroupDiscovery>>>,
+}
+
+impl MergedSource {
+    /// Writes merged document `doc` to `sink` piece by piece as it is serialized: the service
+    /// publishes a large one straight into its shared-data pieces, so no VM ever holds it whole.
+    pub fn write(&self, doc: MergedDoc, sink: &mut dyn FnMut(&[u8])) {
+        use crate::discovery::{documents, merge};
+        fn slices(docs: &[Rc<Vec<GroupDiscovery>>]) -> Vec<&[GroupDiscovery]> {
+            docs.iter().map(|d| d.as_slice()).collect()
+        }
+        let mut w = Sink(sink);
+        // A sink cannot fail; a serializer error (none for these types) would end the document
+        // early, and its ETag, measured by the same writer, would say so.
+        let _ = match doc {
+            MergedDoc::Apis => documents::write_v2_json(&merge::merge_group_views(&slices(&self.apis)), &mut w),
+            MergedDoc::Api => documents::write_v2_json(&merge::merge_group_views(&slices(&self.core)), &mut w),
+            MergedDoc::ApisLegacy => documents::write_legacy_group_list(
+                merge::merge_group_views(&slices(&self.apis))
+                    .iter()
+                    .map(documents::LegacyGroup::from)
+                    .collect(),
+                &mut w,
+            ),
+        };
+    }
+
+    /// `(length, ETag)` of merged document `doc`, hashed as it is written (nothing kept).
+    pub fn measure(&self, doc: MergedDoc) -> (u64, String) {
+        let (mut len, mut h) = (0u64, Fnv::default());
+        self.write(doc, &mut |bytes| {
+            len += bytes.len() as u64;
+            h.write(bytes);
+        });
+        (len, h.etag())
+    }
+
+    /// Merged document `doc`, whole (small documents, tests and tools).
+    pub fn document(&self, doc: MergedDoc) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.write(doc, &mut |bytes| out.extend_from_slice(bytes));
+        out
+    }
+}
+
+/// A `std::io::Write` over a closure that takes every byte.
+struct Sink<'a>(&'a mut dyn FnMut(&[u8]));
+
+impl std::io::Write for Sink<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        (self.0)(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The three merged documents, in [`Table::merged_lengths`] order.
+pub const MERGED_DOCS: [MergedDoc; 3] = [MergedDoc::Apis, MergedDoc::Api, MergedDoc::ApisLegacy];
+
+/// Everything a filter needs, built from the members' state: the serving table (with the merged
+/// documents' lengths and ETags) and where the merged documents are written from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Snapshot {
     pub table: Table,
-    pub merged_apis: Vec<u8>,
-    pub merged_api: Vec<u8>,
-    /// The merged `/apis` as a legacy `APIGroupList`.
-    pub merged_apis_legacy: Vec<u8>,
+    pub merged: MergedSource,
     /// Whether the table's entries must be written: its key set is new (see [`entry_key`]).
     pub keys_changed: bool,
 }
 
 impl Snapshot {
-    /// Merges the members' last-known documents (in the order given: servers by name) and builds
-    /// the table; generation and build time are the caller's.
-    pub fn build(members: &[Member], membership_unknown: bool) -> Snapshot {
-        let apis: Vec<&[GroupDiscovery]> = members.iter().filter_map(|m| m.groups).collect();
-        let api: Vec<&[GroupDiscovery]> = members.iter().filter_map(|m| m.core).collect();
-        // Merged views borrow the members' documents; each body is written into a buffer of its
-        // exact size with room for the generation tag (see [`tag_in_place`]).
-        let merged_groups = crate::discovery::merge::merge_group_views(&apis);
-        let merged_apis = crate::discovery::documents::to_v2_json_with_room(&merged_groups, TAG_ROOM);
-        let merged_apis_legacy = crate::discovery::documents::legacy_group_list_json(
-            merged_groups
-                .iter()
-                .map(crate::discovery::documents::LegacyGroup::from)
-                .collect(),
-            TAG_ROOM,
-        );
-        drop(merged_groups);
-        let merged_api = crate::discovery::documents::to_v2_json_with_room(
-            &crate::discovery::merge::merge_group_views(&api),
-            TAG_ROOM,
-        );
+    /// Builds the table from `members` (in the order given: servers by name) and measures the
+    /// documents merged from `merged` (the same members' documents, same order); generation and
+    /// build time are the caller's. The merged documents are written only when published
+    /// ([`MergedSource::write`]).
+    pub fn build(members: &[Member], merged: MergedSource, membership_unknown: bool) -> Snapshot {
         let mut table = Table::build_members(members);
         table.membership_unknown = membership_unknown;
-        table.apis_etag = etag(&merged_apis);
-        table.api_etag = etag(&merged_api);
-        table.apis_legacy_etag = etag(&merged_apis_legacy);
-        table.merged_lengths = [&merged_apis, &merged_api, &merged_apis_legacy].map(|d| d.len() as u64);
+        let [apis, api, legacy] = MERGED_DOCS.map(|d| merged.measure(d));
+        table.merged_lengths = [apis.0, api.0, legacy.0];
+        (table.apis_etag, table.api_etag, table.apis_legacy_etag) = (apis.1, api.1, legacy.1);
         Snapshot {
             table,
-            merged_apis,
-            merged_api,
-            merged_apis_legacy,
+            merged,
             keys_changed: true,
         }
     }
+
+    /// Merged `/apis`, whole.
+    pub fn merged_apis(&self) -> Vec<u8> {
+        self.merged.document(MergedDoc::Apis)
+    }
+
+    /// Merged `/api`, whole.
+    pub fn merged_api(&self) -> Vec<u8> {
+        self.merged.document(MergedDoc::Api)
+    }
+
+    /// Merged `/apis` as a legacy `APIGroupList`, whole.
+    pub fn merged_apis_legacy(&self) -> Vec<u8> {
+        self.merged.document(MergedDoc::ApisLegacy)
+    }
+}
+
+/// Writes a document to the sink it is given (e.g. [`MergedSource::write`] of one document).
+pub type WriteDocument<'a> = dyn FnMut(&mut dyn FnMut(&[u8])) + 'a;
+
+/// Writes a merged document of `len` bytes (as [`MergedSource::measure`]d) for `generation`
+/// through `put(key, value)`: whole and tagged under `key` up to [`WHOLE_LIMIT`]; above it in
+/// tagged [`CHUNK`] pieces under [`chunk_key`], each put as soon as it is full, then the tag alone
+/// under `key`. `write` writes the document. False if a put failed or the document did not have
+/// `len` bytes.
+pub fn put_document(
+    key: &str,
+    generation: u64,
+    len: u64,
+    write: &mut WriteDocument,
+    put: &mut dyn FnMut(&str, &[u8]) -> bool,
+) -> bool {
+    let tag = format!("{generation}\n");
+    if !is_chunked(len) {
+        let mut doc = Vec::with_capacity(usize::try_from(len).unwrap_or(0) + tag.len());
+        doc.extend_from_slice(tag.as_bytes());
+        write(&mut |bytes| doc.extend_from_slice(bytes));
+        return doc.len() as u64 == len + tag.len() as u64 && put(key, &doc);
+    }
+    let (mut ok, mut index, mut written) = (true, 0usize, 0u64);
+    let mut piece = Vec::with_capacity(tag.len() + CHUNK);
+    piece.extend_from_slice(tag.as_bytes());
+    write(&mut |mut bytes| {
+        written += bytes.len() as u64;
+        while !bytes.is_empty() {
+            let room = CHUNK + tag.len() - piece.len();
+            let (now, later) = bytes.split_at(room.min(bytes.len()));
+            piece.extend_from_slice(now);
+            bytes = later;
+            if piece.len() == CHUNK + tag.len() {
+                ok &= put(&chunk_key(key, generation, index), &piece);
+                index += 1;
+                piece.truncate(tag.len());
+            }
+        }
+    });
+    if piece.len() > tag.len() {
+        ok &= put(&chunk_key(key, generation, index), &piece);
+    }
+    ok && written == len && put(key, tag.as_bytes())
 }
 
 /// A merged document as stored in shared data: `<generation>\n<document>`, so a reader can tell

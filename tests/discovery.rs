@@ -16,7 +16,11 @@ fn model_gvrs(list: &GroupDiscoveryList) -> BTreeSet<(String, String, String)> {
     for g in &list.items {
         for v in g.versions.iter().filter(|v| !v.is_stale()) {
             for r in &v.resources {
-                out.insert((g.metadata.name.clone(), v.version.clone(), r.resource.clone()));
+                out.insert((
+                    g.metadata.name.to_string(),
+                    v.version.to_string(),
+                    r.resource.to_string(),
+                ));
             }
         }
     }
@@ -30,10 +34,10 @@ fn model_subresources(list: &GroupDiscoveryList) -> BTreeSet<(String, String, St
             for r in &v.resources {
                 for s in &r.subresources {
                     out.insert((
-                        g.metadata.name.clone(),
-                        v.version.clone(),
-                        r.resource.clone(),
-                        s.subresource.clone(),
+                        g.metadata.name.to_string(),
+                        v.version.to_string(),
+                        r.resource.to_string(),
+                        s.subresource.to_string(),
                     ));
                 }
             }
@@ -112,8 +116,8 @@ fn aggregated_fixture_details() {
     assert_eq!(
         deployments.response_kind,
         Some(Gvk {
-            group: String::new(),
-            version: String::new(),
+            group: "".into(),
+            version: "".into(),
             kind: "Deployment".into()
         })
     );
@@ -583,8 +587,8 @@ fn to_v2_json_field_order_and_omitempty() {
             resources: vec![ResourceDiscovery {
                 resource: "pods".into(),
                 response_kind: Some(Gvk {
-                    group: String::new(),
-                    version: String::new(),
+                    group: "".into(),
+                    version: "".into(),
                     kind: "Pod".into(),
                 }),
                 scope: "Namespaced".into(),
@@ -637,7 +641,7 @@ fn to_v2_json_field_order_and_omitempty() {
                         }],
                         ..Default::default()
                     }],
-                    freshness: String::new(),
+                    freshness: "".into(),
                 },
                 VersionDiscovery {
                     version: "v0".into(),
@@ -834,4 +838,47 @@ fn legacy_group_list_from_aggregated_is_what_client_go_would_split_out() {
     let real = fixture_json("legacy_apis.k8s-1.31.json");
     let keys = |g: &serde_json::Value| g.as_object().map(|o| o.keys().cloned().collect::<BTreeSet<_>>());
     assert_eq!(keys(&groups[0]), keys(&real["groups"][0]));
+}
+
+/// The address of a string's bytes: equal addresses are one shared block.
+fn at(s: &str) -> *const u8 {
+    s.as_ptr()
+}
+
+#[test]
+fn a_parsed_document_shares_its_repeated_strings_and_serializes_unchanged() {
+    let body = fixture(AGG_137);
+    let list = parse_aggregated(&body).expect("1.37");
+    let resources: Vec<&ResourceDiscovery> = list
+        .items
+        .iter()
+        .flat_map(|g| g.versions.iter())
+        .flat_map(|v| v.resources.iter())
+        .collect();
+    let verb = |r: &ResourceDiscovery, name: &str| r.verbs.iter().find(|v| *v == name).map(|v| at(v));
+    let gets: BTreeSet<*const u8> = resources.iter().filter_map(|r| verb(r, "get")).collect();
+    assert!(resources.len() > 50, "{}", resources.len());
+    assert_eq!(gets.len(), 1, "every resource's \"get\" is one block");
+    let scopes: BTreeSet<*const u8> = resources.iter().map(|r| at(&r.scope)).collect();
+    assert!(scopes.len() <= 2, "Namespaced and Cluster: {}", scopes.len());
+    // A resource's kind and its status subresource's kind are one block too.
+    let kinds_shared = resources.iter().any(|r| {
+        let kind = r.response_kind.as_ref().map(|k| at(&k.kind));
+        r.subresources
+            .iter()
+            .any(|s| s.response_kind.as_ref().map(|k| at(&k.kind)) == kind)
+    });
+    assert!(kinds_shared);
+    // The pool lives only for one parse: a second parse shares nothing with the first.
+    let again = parse_aggregated(&body).expect("1.37 again");
+    let first = |l: &GroupDiscoveryList| l.items.first().map(|g| at(&g.metadata.name));
+    assert_ne!(first(&list), first(&again));
+    // Sharing changes nothing on the wire.
+    assert_eq!(to_v2_json(&list.items), to_v2_json(&again.items));
+    let value = |b: &[u8]| serde_json::from_slice::<serde_json::Value>(b).expect("json");
+    let mut original = value(&body);
+    if let Some(o) = original.as_object_mut() {
+        o.insert("apiVersion".into(), "apidiscovery.k8s.io/v2".into());
+    }
+    assert_eq!(value(&to_v2_json(&list.items)).get("items"), original.get("items"));
 }

@@ -8,7 +8,7 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use common::{fixture, group, json_gvrs, res, ver, AGG_133, AGG_137};
 use kube_peer_proxy::config::Config;
 use kube_peer_proxy::discovery::documents::{parse_aggregated, to_v2_json, CONTENT_TYPE_V2};
-use kube_peer_proxy::discovery::sync::{Fetch, Outcome, Publish, SyncError, Syncer, DISCOVERY_ACCEPT};
+use kube_peer_proxy::discovery::sync::{Body, Fetch, Outcome, Publish, SyncError, Syncer, DISCOVERY_ACCEPT};
 use kube_peer_proxy::request::routing::{decide, Decision, Gvr, LocalReason, RequestFacts};
 use kube_peer_proxy::snapshot::{etag, resource_key, Table};
 use kube_peer_proxy::PEER_PROXIED_HEADER;
@@ -52,6 +52,24 @@ struct Fake {
     overrides: HashMap<(String, String), Option<Outcome>>,
     fallback: Option<fn(&str, &str) -> Option<Outcome>>,
     not_modified: std::cell::Cell<usize>,
+    /// Serve 200 bodies as the discovery service does: left outside, read in pieces (of this size).
+    pieces: Option<usize>,
+}
+
+/// `body` as a [`Body::Pieces`] whose reads give at most `piece` bytes (fewer than asked for, so
+/// the reader's loop is exercised), and fail from `fail_at` on.
+fn pieces(body: Vec<u8>, piece: usize, fail_at: Option<usize>) -> Body {
+    let body = std::rc::Rc::new(body);
+    Body::Pieces {
+        len: body.len(),
+        read: std::rc::Rc::new(move |start, max| {
+            if fail_at.is_some_and(|f| start >= f) {
+                return None;
+            }
+            let end = (start + max.min(piece)).min(body.len());
+            body.get(start..end).map(<[u8]>::to_vec)
+        }),
+    }
 }
 
 impl Fake {
@@ -89,14 +107,17 @@ impl Fake {
                     status: 304,
                     content_type: String::new(),
                     etag: d.etag.clone(),
-                    body: Vec::new(),
+                    body: Body::Bytes(Vec::new()),
                 });
             }
             return Some(Outcome::Response {
                 status: 200,
                 content_type: d.content_type.clone(),
                 etag: d.etag.clone(),
-                body: d.body.clone(),
+                body: match self.pieces {
+                    Some(n) => pieces(d.body.clone(), n, None),
+                    None => Body::Bytes(d.body.clone()),
+                },
             });
         }
         if let Some(fb) = self.fallback {
@@ -108,7 +129,7 @@ impl Fake {
             status: 404,
             content_type: "text/plain; charset=utf-8".into(),
             etag: None,
-            body: b"404 page not found\n".to_vec(),
+            body: Body::Bytes(b"404 page not found\n".to_vec()),
         })
     }
 }
@@ -334,8 +355,8 @@ fn completed_round_publishes_a_routable_snapshot() {
     let names: Vec<&str> = p.table.servers.iter().map(|x| x.name.as_str()).collect();
     assert_eq!(names, ["local", "peer-b", "peer-c"]);
     assert_eq!(p.table.local_mask(), 1);
-    assert_eq!(p.table.apis_etag, etag(&p.merged_apis));
-    assert_eq!(p.table.api_etag, etag(&p.merged_api));
+    assert_eq!(p.table.apis_etag, etag(&p.merged_apis()));
+    assert_eq!(p.table.api_etag, etag(&p.merged_api()));
     assert_eq!(Table::decode(&p.table.encode()).expect("decode"), p.table);
     let status: Vec<(&str, Option<u64>)> = s.server_status().collect();
     assert_eq!(status, [("local", Some(0)), ("peer-b", Some(0)), ("peer-c", Some(0))]);
@@ -411,7 +432,7 @@ fn completed_round_publishes_a_routable_snapshot() {
     assert_eq!(p.table.servers_for(&resource_key("", "v1", "pods")), 0b111);
 
     // The merged /apis is the union of every server's GVRs; merged /api the union of core.
-    let merged: serde_json::Value = serde_json::from_slice(&p.merged_apis).expect("merged apis");
+    let merged: serde_json::Value = serde_json::from_slice(&p.merged_apis()).expect("merged apis");
     let mut want = json_gvrs(&serde_json::from_slice(&fixture(AGG_133)).expect("json"));
     want.extend(json_gvrs(&serde_json::from_slice(&fixture(AGG_137)).expect("json")));
     for (g, v, r) in [
@@ -426,7 +447,7 @@ fn completed_round_publishes_a_routable_snapshot() {
         want.insert((g.into(), v.into(), r.into()));
     }
     assert_eq!(json_gvrs(&merged), want);
-    let api = parse_aggregated(&p.merged_api).expect("merged api");
+    let api = parse_aggregated(&p.merged_api()).expect("merged api");
     assert_eq!(api.items.len(), 1);
     let core = api.items.first().expect("core");
     assert_eq!(core.metadata.name, "");
@@ -493,10 +514,10 @@ fn real_legacy_group_list_is_walked() {
             status: 200,
             content_type: LEGACY_CT.into(),
             etag: None,
-            body: format!(
+            body: Body::Bytes(format!(
                 r#"{{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"{g}/{v}","resources":[{{"name":"things","singularName":"thing","namespaced":true,"kind":"Thing","verbs":["get"]}},{{"name":"things/status","singularName":"","namespaced":true,"kind":"Thing","verbs":["get"]}}]}}"#
             )
-            .into_bytes(),
+            .into_bytes()),
         })
     }
     let mut c = Config::parse(br#"{"local_cluster":"local"}"#).expect("config");
@@ -538,7 +559,7 @@ fn real_legacy_group_list_is_walked() {
         }
     }
     // The merged /apis keeps the legacy group order.
-    let merged = parse_aggregated(&p.merged_apis).expect("merged");
+    let merged = parse_aggregated(&p.merged_apis()).expect("merged");
     let got: Vec<&str> = merged.items.iter().map(|g| g.metadata.name.as_str()).collect();
     let want: Vec<&str> = groups["groups"]
         .as_array()
@@ -672,7 +693,7 @@ fn response(status: u16, content_type: &str, body: &[u8]) -> Option<Outcome> {
         status,
         content_type: content_type.into(),
         etag: None,
-        body: body.to_vec(),
+        body: Body::Bytes(body.to_vec()),
     })
 }
 
@@ -888,7 +909,7 @@ fn failures_keep_last_good_data_until_the_staleness_limit() {
             route(&p.table, "GET", "/apis/widgets.example.com/v1/widgets"),
             to(PEER_C, "widgets.example.com", "v1", "widgets")
         );
-        let merged: serde_json::Value = serde_json::from_slice(&p.merged_apis).expect("json");
+        let merged: serde_json::Value = serde_json::from_slice(&p.merged_apis()).expect("json");
         assert!(json_gvrs(&merged).contains(&(
             "lifecycle.k8s.io".into(),
             "v1alpha1".into(),
@@ -1134,7 +1155,7 @@ fn unknown_and_duplicate_ids_are_ignored() {
         status: 200,
         content_type: CONTENT_TYPE_V2.into(),
         etag: None,
-        body: core_doc(&[]),
+        body: Body::Bytes(core_doc(&[])),
     };
     for id in [0, 999_999, u64::MAX] {
         let st = s.on_response(id, ok.clone(), 0);
@@ -1181,8 +1202,8 @@ fn merge_is_independent_of_peer_order_and_answer_order() {
     answer(&mut s2, &fake, reversed.into(), 42, &mut r2);
     let p2 = r2.publish.expect("p2");
 
-    assert_eq!(p1.merged_apis, p2.merged_apis, "merged /apis is byte-identical");
-    assert_eq!(p1.merged_api, p2.merged_api, "merged /api is byte-identical");
+    assert_eq!(p1.merged_apis(), p2.merged_apis(), "merged /apis is byte-identical");
+    assert_eq!(p1.merged_api(), p2.merged_api(), "merged /api is byte-identical");
     assert_eq!(p1.table.encode(), p2.table.encode(), "table is byte-identical");
     assert_eq!(p1, p2);
 
@@ -1220,7 +1241,7 @@ fn servers_in_name_order_the_local_one_not_privileged() {
         p.table.servers.iter().map(|x| x.name.as_str()).collect::<Vec<_>>(),
         ["aa-peer", "zz-local"]
     );
-    let merged = parse_aggregated(&p.merged_apis).expect("merged");
+    let merged = parse_aggregated(&p.merged_apis()).expect("merged");
     let things = merged
         .items
         .first()
@@ -1233,7 +1254,7 @@ fn servers_in_name_order_the_local_one_not_privileged() {
     );
     assert_eq!(things.subresources.len(), 1);
     // Both /api answered 404: the merged /api is an empty list.
-    assert_eq!(parse_aggregated(&p.merged_api).expect("api").items.len(), 0);
+    assert_eq!(parse_aggregated(&p.merged_api()).expect("api").items.len(), 0);
     assert_eq!(
         route(&p.table, "PUT", "/apis/x.io/v1/namespaces/a/things/t/status"),
         to(0, "x.io", "v1", "things")
@@ -1529,4 +1550,51 @@ fn a_document_with_another_servers_etag_is_shared_not_parsed() {
     );
     let r = round(&mut s, &f, 1500);
     assert_eq!(r.error_kinds(), vec![("peer-c", "decode")]);
+}
+
+#[test]
+fn a_body_read_in_pieces_builds_the_same_snapshot_as_one_in_memory() {
+    let whole = round(&mut Syncer::new(&config()), &fake(), 0)
+        .publish
+        .expect("snapshot");
+    for piece in [1, 1000, 64 * 1024] {
+        let mut f = fake();
+        f.pieces = Some(piece);
+        let r = round(&mut Syncer::new(&config()), &f, 0);
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        let p = r.publish.expect("snapshot");
+        assert_eq!(p.table.fingerprint(), whole.table.fingerprint(), "pieces of {piece}");
+        assert_eq!(p.merged_apis(), whole.merged_apis(), "pieces of {piece}");
+    }
+}
+
+#[test]
+fn a_body_that_cannot_be_read_to_its_end_is_a_decode_error_and_the_last_good_data_stays() {
+    let mut s = Syncer::new(&config());
+    let good = fake();
+    let first = round(&mut s, &good, 0).publish.expect("snapshot");
+    let mut bad = good.clone();
+    let body = fixture(AGG_137);
+    // A new document (another ETag, so it must be parsed), unreadable after its first 10 000 bytes.
+    bad.set(
+        "peer-b",
+        "/apis",
+        Some(Outcome::Response {
+            status: 200,
+            content_type: CONTENT_TYPE_V2.into(),
+            etag: Some("\"other\"".into()),
+            body: pieces(body, 4096, Some(10_000)),
+        }),
+    );
+    let r = round(&mut s, &bad, 1000);
+    assert_eq!(r.error_kinds(), [("peer-b", "decode")]);
+    assert!(r.publish.is_none(), "peer-b keeps what it served: nothing changed");
+    assert_eq!(
+        route(
+            &first.table,
+            "GET",
+            "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
+        ),
+        to(PEER_B, "resource.k8s.io", "v1", "resourceclaims")
+    );
 }

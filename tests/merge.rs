@@ -145,7 +145,7 @@ fn resource_capabilities() {
     a_res.singular_resource = "widget".into();
     a_res.short_names = strings(&["wd"]);
     a_res.categories = Vec::new();
-    a_res.scope = String::new();
+    a_res.scope = "".into();
     a_res.response_kind = None;
     if let Some(s) = a_res.subresources.first_mut() {
         s.verbs = strings(&["get"]);
@@ -157,8 +157,8 @@ fn resource_capabilities() {
     b_res.categories = strings(&["all"]);
     b_res.scope = "Cluster".into();
     b_res.response_kind = Some(Gvk {
-        group: String::new(),
-        version: String::new(),
+        group: "".into(),
+        version: "".into(),
         kind: "Widget".into(),
     });
 

@@ -4,7 +4,7 @@
 
 use kube_peer_proxy::discovery::documents::CONTENT_TYPE_V2;
 use kube_peer_proxy::discovery::sync::answers::call_outcome;
-use kube_peer_proxy::discovery::sync::Outcome;
+use kube_peer_proxy::discovery::sync::{Body, Outcome};
 use kube_peer_proxy::passive_health::{upstream, Upstream};
 use kube_peer_proxy::request::response::{merged_headers, MergedHeaders};
 use kube_peer_proxy::request::routing::MergedDoc;
@@ -77,26 +77,32 @@ fn envoy_code_details() {
 #[test]
 fn discovery_call_outcomes() {
     assert_eq!(
-        call_outcome(503, false, String::new(), None, Vec::new()),
+        call_outcome(503, false, String::new(), None, Body::Bytes(Vec::new())),
         Outcome::Unreachable
     );
-    let from_server = call_outcome(503, true, "application/json".into(), None, b"{}".to_vec());
+    let from_server = call_outcome(503, true, "application/json".into(), None, Body::Bytes(b"{}".to_vec()));
     assert!(
         matches!(from_server, Outcome::Response { status: 503, .. }),
         "the server's own 503"
     );
-    let ok = call_outcome(200, true, CONTENT_TYPE_V2.into(), Some("\"E\"".into()), b"x".to_vec());
+    let ok = call_outcome(
+        200,
+        true,
+        CONTENT_TYPE_V2.into(),
+        Some("\"E\"".into()),
+        Body::Bytes(b"x".to_vec()),
+    );
     assert_eq!(
         ok,
         Outcome::Response {
             status: 200,
             content_type: CONTENT_TYPE_V2.into(),
             etag: Some("\"E\"".into()),
-            body: b"x".to_vec()
+            body: Body::Bytes(b"x".to_vec())
         }
     );
     assert!(matches!(
-        call_outcome(404, false, String::new(), None, Vec::new()),
+        call_outcome(404, false, String::new(), None, Body::Bytes(Vec::new())),
         Outcome::Response { status: 404, .. }
     ));
 }

@@ -9,8 +9,8 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use kube_peer_proxy::snapshot::{
-    entry_bits, entry_value, etag, group_key, resource_key, subresource_key, unknown_key, version_key, KeySource,
-    ServerDiscovery, ServerRef, Table, MAX_SERVERS,
+    chunks, entry_bits, entry_value, etag, group_key, put_document, resource_key, subresource_key, tag_in_place,
+    unknown_key, version_key, KeySource, ServerDiscovery, ServerRef, Table, CHUNK, MAX_SERVERS, WHOLE_LIMIT,
 };
 
 fn server(name: &str, local: bool) -> ServerRef {
@@ -464,4 +464,69 @@ fn entries_of_another_key_set_are_not_taken() {
     for bad in [&b""[..], &b"0123456789abcdef0"[..], &entry_value(12, 5)[..15]] {
         assert_eq!(entry_bits(12, bad), None, "{bad:?}");
     }
+}
+
+#[test]
+fn the_fingerprint_is_the_etag_of_the_whole_encoding_without_writing_it() {
+    let old = ServerDiscovery {
+        core: Vec::new(),
+        groups: parse_aggregated(&fixture(AGG_133)).expect("1.33").items,
+    };
+    let mut table = Table::build(&[(server("old", true), &old)]);
+    assert_eq!(table.fingerprint(), etag(&table.encode()));
+    table.generation = 7;
+    assert_eq!(table.fingerprint(), etag(&table.encode()));
+    table.keys.insert(resource_key("x.io", "v1", "widgets"), 1);
+    assert_eq!(table.fingerprint(), etag(&table.encode()));
+}
+
+/// What `put_document` puts, in order.
+fn put(doc: &[u8], len: u64, generation: u64) -> (bool, Vec<(String, Vec<u8>)>) {
+    let mut puts = Vec::new();
+    let ok = put_document(
+        "k",
+        generation,
+        len,
+        // Written in odd-sized writes, as a serializer does.
+        &mut |sink| doc.chunks(1000).for_each(&mut *sink),
+        &mut |k, v| {
+            puts.push((k.to_string(), v.to_vec()));
+            true
+        },
+    );
+    (ok, puts)
+}
+
+#[test]
+fn a_document_is_put_as_it_is_written_in_the_pieces_a_worker_reads() {
+    // Small: whole, tagged, under its own key.
+    let small = b"{\"kind\":\"APIGroupDiscoveryList\"}".to_vec();
+    let (ok, puts) = put(&small, small.len() as u64, 7);
+    assert!(ok);
+    let mut tagged = small.clone();
+    tag_in_place(7, &mut tagged);
+    assert_eq!(puts, vec![("k".to_string(), tagged)]);
+
+    // Large: the pieces `chunks` names, each tagged, then the tag alone under the key.
+    let large: Vec<u8> = (0..(WHOLE_LIMIT + 3 * CHUNK + 17)).map(|i| (i % 251) as u8).collect();
+    let (ok, puts) = put(&large, large.len() as u64, 8);
+    assert!(ok);
+    let mut want: Vec<(String, Vec<u8>)> = chunks("k", 8, &large)
+        .into_iter()
+        .map(|(key, range)| {
+            let mut piece = large[range].to_vec();
+            tag_in_place(8, &mut piece);
+            (key, piece)
+        })
+        .collect();
+    want.push(("k".to_string(), b"8\n".to_vec()));
+    assert_eq!(puts.len(), want.len());
+    assert_eq!(puts, want);
+
+    // A document that is not as long as measured is not published as if it were.
+    assert!(!put(&large, large.len() as u64 + 1, 8).0);
+    assert!(!put(&small, small.len() as u64 - 1, 8).0);
+    // A failed put fails the document.
+    let failed = put_document("k", 1, large.len() as u64, &mut |sink| sink(&large), &mut |_, _| false);
+    assert!(!failed);
 }

@@ -3,8 +3,6 @@
 //! members are in every state (unknown, stale, unreachable, partly known, membership unknown).
 //! Where `needs_accept` says Accept cannot matter, the decision must be the same without it.
 #![no_main]
-use std::sync::OnceLock;
-
 use kube_peer_proxy::discovery::documents::{parse_aggregated, GroupDiscovery};
 use kube_peer_proxy::request::routing::{decide_with, RequestFacts};
 use kube_peer_proxy::snapshot::{Member, ServerDiscovery, ServerRef, Table};
@@ -13,13 +11,15 @@ use libfuzzer_sys::fuzz_target;
 const AGG_133: &[u8] = include_bytes!("../../tests/fixtures/k8s-discovery/aggregated_v2.k8s-1.33.json");
 const AGG_137: &[u8] = include_bytes!("../../tests/fixtures/k8s-discovery/aggregated_v2.k8s-1.37-dev-fork.json");
 
+/// Parsed once per thread and kept (documents hold `Rc` strings, so no `static` can hold them).
 fn groups() -> &'static (Vec<GroupDiscovery>, Vec<GroupDiscovery>) {
-    static G: OnceLock<(Vec<GroupDiscovery>, Vec<GroupDiscovery>)> = OnceLock::new();
-    G.get_or_init(|| {
-        let old = parse_aggregated(AGG_133).map(|l| l.items).unwrap_or_default();
-        let new = parse_aggregated(AGG_137).map(|l| l.items).unwrap_or_default();
-        (old, new)
-    })
+    thread_local! {
+        static G: &'static (Vec<GroupDiscovery>, Vec<GroupDiscovery>) = Box::leak(Box::new((
+            parse_aggregated(AGG_133).map(|l| l.items).unwrap_or_default(),
+            parse_aggregated(AGG_137).map(|l| l.items).unwrap_or_default(),
+        )));
+    }
+    G.with(|g| *g)
 }
 
 /// Three members (local old, two new); each state bit comes from `bits`.

@@ -6,15 +6,21 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use super::interned::Str;
+
+fn is_empty(s: &Str) -> bool {
+    s.is_empty()
+}
+
 pub const CONTENT_TYPE_V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
 
 /// `apidiscovery.k8s.io/v2 APIGroupDiscoveryList` (v2beta1 is field-for-field identical).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct GroupDiscoveryList {
     #[serde(default)]
-    pub kind: String,
+    pub kind: Str,
     #[serde(rename = "apiVersion", default)]
-    pub api_version: String,
+    pub api_version: Str,
     #[serde(default)]
     pub metadata: Empty,
     #[serde(default)]
@@ -42,18 +48,18 @@ pub struct GroupDiscovery {
 /// Only `name` of the item's ObjectMeta matters (empty for the core group).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct GroupMeta {
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub name: String,
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub name: Str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct VersionDiscovery {
     #[serde(default)]
-    pub version: String,
+    pub version: Str,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub resources: Vec<ResourceDiscovery>,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub freshness: String,
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub freshness: Str,
 }
 
 impl VersionDiscovery {
@@ -66,29 +72,29 @@ impl VersionDiscovery {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Gvk {
     #[serde(default)]
-    pub group: String,
+    pub group: Str,
     #[serde(default)]
-    pub version: String,
+    pub version: Str,
     #[serde(default)]
-    pub kind: String,
+    pub kind: Str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct ResourceDiscovery {
     #[serde(default)]
-    pub resource: String,
+    pub resource: Str,
     #[serde(rename = "responseKind", default, skip_serializing_if = "Option::is_none")]
     pub response_kind: Option<Gvk>,
     #[serde(default)]
-    pub scope: String,
+    pub scope: Str,
     #[serde(rename = "singularResource", default)]
-    pub singular_resource: String,
+    pub singular_resource: Str,
     #[serde(default)]
-    pub verbs: Vec<String>,
+    pub verbs: Vec<Str>,
     #[serde(rename = "shortNames", default, skip_serializing_if = "Vec::is_empty")]
-    pub short_names: Vec<String>,
+    pub short_names: Vec<Str>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub categories: Vec<String>,
+    pub categories: Vec<Str>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub subresources: Vec<SubresourceDiscovery>,
 }
@@ -96,13 +102,13 @@ pub struct ResourceDiscovery {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct SubresourceDiscovery {
     #[serde(default)]
-    pub subresource: String,
+    pub subresource: Str,
     #[serde(rename = "responseKind", default, skip_serializing_if = "Option::is_none")]
     pub response_kind: Option<Gvk>,
     #[serde(rename = "acceptedTypes", default, skip_serializing_if = "Vec::is_empty")]
     pub accepted_types: Vec<Gvk>,
     #[serde(default)]
-    pub verbs: Vec<String>,
+    pub verbs: Vec<Str>,
 }
 
 /// Legacy `APIVersions` (`GET /api`).
@@ -143,23 +149,23 @@ pub struct ApiResourceList {
 
 #[derive(Debug, Deserialize)]
 pub struct ApiResource {
-    pub name: String,
+    pub name: Str,
     #[serde(rename = "singularName", default)]
-    pub singular_name: String,
+    pub singular_name: Str,
     #[serde(default)]
     pub namespaced: bool,
     #[serde(default)]
-    pub group: String,
+    pub group: Str,
     #[serde(default)]
-    pub version: String,
+    pub version: Str,
     #[serde(default)]
-    pub kind: String,
+    pub kind: Str,
     #[serde(default)]
-    pub verbs: Vec<String>,
+    pub verbs: Vec<Str>,
     #[serde(rename = "shortNames", default)]
-    pub short_names: Vec<String>,
+    pub short_names: Vec<Str>,
     #[serde(default)]
-    pub categories: Vec<String>,
+    pub categories: Vec<Str>,
 }
 
 /// Why a discovery document was rejected.
@@ -200,9 +206,19 @@ pub fn is_aggregated_content_type(content_type: &str) -> bool {
 
 /// Parses an aggregated discovery list (v2 or v2beta1).
 pub fn parse_aggregated(body: &[u8]) -> Result<GroupDiscoveryList, ParseError> {
-    let mut list: GroupDiscoveryList = serde_json::from_slice(body).map_err(|e| ParseError::Json(e.to_string()))?;
+    // Interned: equal strings of the document share one heap block (see `interned`).
+    checked(super::interned::interning(|| serde_json::from_slice(body)))
+}
+
+/// [`parse_aggregated`] of a document read in pieces (see [`crate::discovery::sync::Body`]).
+pub fn parse_aggregated_from(body: impl std::io::Read) -> Result<GroupDiscoveryList, ParseError> {
+    checked(super::interned::interning(|| serde_json::from_reader(body)))
+}
+
+fn checked(parsed: Result<GroupDiscoveryList, serde_json::Error>) -> Result<GroupDiscoveryList, ParseError> {
+    let mut list = parsed.map_err(|e| ParseError::Json(e.to_string()))?;
     if list.kind != "APIGroupDiscoveryList" {
-        return Err(ParseError::WrongKind(list.kind));
+        return Err(ParseError::WrongKind(list.kind.to_string()));
     }
     shrink(&mut list.items);
     Ok(list)
@@ -213,13 +229,7 @@ pub fn parse_aggregated(body: &[u8]) -> Result<GroupDiscoveryList, ParseError> {
 /// `status` subresource) gets room for four. The discovery service keeps every member's document
 /// for as long as the member exists, so this is most of what a large document costs to hold.
 pub fn shrink(groups: &mut Vec<GroupDiscovery>) {
-    fn gvk(k: &mut Gvk) {
-        k.group.shrink_to_fit();
-        k.version.shrink_to_fit();
-        k.kind.shrink_to_fit();
-    }
-    fn strings(v: &mut Vec<String>) {
-        v.iter_mut().for_each(String::shrink_to_fit);
+    fn strings(v: &mut Vec<Str>) {
         v.shrink_to_fit();
     }
     for g in groups.iter_mut() {
@@ -228,11 +238,8 @@ pub fn shrink(groups: &mut Vec<GroupDiscovery>) {
                 strings(&mut r.verbs);
                 strings(&mut r.short_names);
                 strings(&mut r.categories);
-                r.response_kind.iter_mut().for_each(gvk);
                 for sr in r.subresources.iter_mut() {
                     strings(&mut sr.verbs);
-                    sr.response_kind.iter_mut().for_each(gvk);
-                    sr.accepted_types.iter_mut().for_each(gvk);
                     sr.accepted_types.shrink_to_fit();
                 }
                 r.subresources.shrink_to_fit();
@@ -264,7 +271,7 @@ pub fn parse_resource_list(body: &[u8]) -> Result<ApiResourceList, ParseError> {
 fn parse_legacy<T: serde::de::DeserializeOwned>(body: &[u8], kind: &str, field: &str) -> Result<T, ParseError> {
     let v: serde_json::Value = serde_json::from_slice(body).map_err(|e| ParseError::Json(e.to_string()))?;
     expect_kind(&v, kind, field)?;
-    serde_json::from_value(v).map_err(|e| ParseError::Json(e.to_string()))
+    super::interned::interning(|| serde_json::from_value(v)).map_err(|e| ParseError::Json(e.to_string()))
 }
 
 fn expect_kind(v: &serde_json::Value, kind: &str, field: &str) -> Result<(), ParseError> {
@@ -289,7 +296,7 @@ pub fn version_from_legacy(version: &str, list: &ApiResourceList) -> VersionDisc
                 version: r.version.clone(),
                 kind: r.kind.clone(),
             }),
-            scope: if r.namespaced { "Namespaced" } else { "Cluster" }.to_string(),
+            scope: if r.namespaced { "Namespaced" } else { "Cluster" }.into(),
             singular_resource: r.singular_name.clone(),
             verbs: r.verbs.clone(),
             short_names: r.short_names.clone(),
@@ -302,7 +309,7 @@ pub fn version_from_legacy(version: &str, list: &ApiResourceList) -> VersionDisc
             continue;
         };
         let sub = SubresourceDiscovery {
-            subresource: sub.to_string(),
+            subresource: sub.into(),
             response_kind: Some(Gvk {
                 group: r.group.clone(),
                 version: r.version.clone(),
@@ -315,16 +322,16 @@ pub fn version_from_legacy(version: &str, list: &ApiResourceList) -> VersionDisc
             Some(p) => p.subresources.push(sub),
             // A subresource listed without its parent still tells us the path is served.
             None => resources.push(ResourceDiscovery {
-                resource: parent.to_string(),
+                resource: parent.into(),
                 subresources: vec![sub],
                 ..Default::default()
             }),
         }
     }
     VersionDiscovery {
-        version: version.to_string(),
+        version: version.into(),
         resources,
-        freshness: "Current".to_string(),
+        freshness: "Current".into(),
     }
 }
 
@@ -338,21 +345,32 @@ pub fn to_v2_json<T: Serialize>(items: &[T]) -> Vec<u8> {
 /// spare bytes, so a large document is not left in a buffer grown by doubling (up to twice its
 /// size) and a tag can be added without copying it (see [`crate::snapshot::tag_in_place`]).
 pub fn to_v2_json_with_room<T: Serialize>(items: &[T], room: usize) -> Vec<u8> {
-    #[derive(Serialize)]
-    struct Out<'a, T> {
-        kind: &'static str,
-        #[serde(rename = "apiVersion")]
-        api_version: &'static str,
-        metadata: Empty,
-        items: &'a [T],
-    }
-    let out = Out {
+    to_vec_exact(&v2_list(items), room)
+}
+
+/// [`to_v2_json`] written to `w` as it is serialized, with no buffer of the whole (the discovery
+/// service writes a large merged document straight into its shared-data pieces). False if `w`
+/// failed.
+pub fn write_v2_json<T: Serialize>(items: &[T], w: &mut dyn std::io::Write) -> bool {
+    serde_json::to_writer(w, &v2_list(items)).is_ok()
+}
+
+#[derive(Serialize)]
+struct V2List<'a, T> {
+    kind: &'static str,
+    #[serde(rename = "apiVersion")]
+    api_version: &'static str,
+    metadata: Empty,
+    items: &'a [T],
+}
+
+fn v2_list<T>(items: &[T]) -> V2List<'_, T> {
+    V2List {
         kind: "APIGroupDiscoveryList",
         api_version: "apidiscovery.k8s.io/v2",
         metadata: Empty {},
         items,
-    };
-    to_vec_exact(&out, room)
+    }
 }
 
 /// Bytes a serialization would write, counted without keeping them.
@@ -413,31 +431,43 @@ pub fn to_legacy_group_list_json(items: &[GroupDiscovery]) -> Vec<u8> {
 
 /// [`to_legacy_group_list_json`] of groups already reduced to [`LegacyGroup`]s, with `room` spare.
 pub fn legacy_group_list_json(items: Vec<LegacyGroup>, room: usize) -> Vec<u8> {
-    #[derive(Serialize)]
-    struct Gv<'a> {
-        #[serde(rename = "groupVersion")]
-        group_version: String,
-        version: &'a str,
-    }
-    #[derive(Serialize)]
-    struct Group<'a> {
-        name: &'a str,
-        versions: Vec<Gv<'a>>,
-        #[serde(rename = "preferredVersion")]
-        preferred_version: Gv<'a>,
-    }
+    to_vec_exact(&legacy_list(&items), room)
+}
+
+/// [`legacy_group_list_json`] written to `w` (see [`write_v2_json`]).
+pub fn write_legacy_group_list(items: Vec<LegacyGroup>, w: &mut dyn std::io::Write) -> bool {
+    serde_json::to_writer(w, &legacy_list(&items)).is_ok()
+}
+
+#[derive(Serialize)]
+struct Gv<'a> {
+    #[serde(rename = "groupVersion")]
+    group_version: String,
+    version: &'a str,
+}
+
+#[derive(Serialize)]
+struct Group<'a> {
+    name: &'a str,
+    versions: Vec<Gv<'a>>,
+    #[serde(rename = "preferredVersion")]
+    preferred_version: Gv<'a>,
+}
+
+#[derive(Serialize)]
+struct List<'a> {
+    kind: &'static str,
+    #[serde(rename = "apiVersion")]
+    api_version: &'static str,
+    groups: Vec<Group<'a>>,
+}
+
+fn legacy_list<'a>(items: &'a [LegacyGroup<'a>]) -> List<'a> {
     fn gv<'a>(group: &str, version: &'a str) -> Gv<'a> {
         Gv {
             group_version: format!("{group}/{version}"),
             version,
         }
-    }
-    #[derive(Serialize)]
-    struct List<'a> {
-        kind: &'static str,
-        #[serde(rename = "apiVersion")]
-        api_version: &'static str,
-        groups: Vec<Group<'a>>,
     }
     let groups = items
         .iter()
@@ -451,12 +481,9 @@ pub fn legacy_group_list_json(items: Vec<LegacyGroup>, room: usize) -> Vec<u8> {
             })
         })
         .collect();
-    to_vec_exact(
-        &List {
-            kind: "APIGroupList",
-            api_version: "v1",
-            groups,
-        },
-        room,
-    )
+    List {
+        kind: "APIGroupList",
+        api_version: "v1",
+        groups,
+    }
 }

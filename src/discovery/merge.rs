@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 use serde::Serialize;
 
 use super::documents::{
-    GroupDiscovery, GroupMeta, LegacyGroup, ResourceDiscovery, SubresourceDiscovery, VersionDiscovery,
+    GroupDiscovery, GroupMeta, LegacyGroup, ResourceDiscovery, Str, SubresourceDiscovery, VersionDiscovery,
 };
 
 /// A merged group that borrows from the servers' documents: only a resource that two servers
@@ -68,9 +68,9 @@ impl MergedGroup<'_> {
                 .versions
                 .iter()
                 .map(|v| VersionDiscovery {
-                    version: v.version.to_string(),
+                    version: v.version.into(),
                     resources: v.resources.iter().map(|r| r.clone().into_owned()).collect(),
-                    freshness: v.freshness.to_string(),
+                    freshness: v.freshness.into(),
                 })
                 .collect(),
         }
@@ -138,7 +138,7 @@ fn merge_version<'a>(a: &mut MergedVersion<'a>, b: &'a VersionDiscovery) {
     if a.is_stale() && !b.is_stale() {
         a.freshness = &b.freshness;
     }
-    let a_order: Vec<String> = a.resources.iter().map(|r| r.resource.clone()).collect();
+    let a_order: Vec<Str> = a.resources.iter().map(|r| r.resource.clone()).collect();
     let b_order: Vec<&str> = b.resources.iter().map(|r| r.resource.as_str()).collect();
     for br in &b.resources {
         match a.resources.iter_mut().find(|r| r.resource == br.resource) {
@@ -158,9 +158,9 @@ fn merge_version<'a>(a: &mut MergedVersion<'a>, b: &'a VersionDiscovery) {
 /// Verbs: sorted union. Subresources: union by name (the first server wins), sorted by name.
 /// Everything else comes from the first server, or from the second where the first has nothing.
 fn merge_resource(a: &mut ResourceDiscovery, b: &ResourceDiscovery) {
-    let verbs: BTreeSet<String> = a.verbs.iter().chain(b.verbs.iter()).cloned().collect();
+    let verbs: BTreeSet<Str> = a.verbs.iter().chain(b.verbs.iter()).cloned().collect();
     a.verbs = verbs.into_iter().collect();
-    let mut subs: BTreeMap<String, SubresourceDiscovery> = BTreeMap::new();
+    let mut subs: BTreeMap<Str, SubresourceDiscovery> = BTreeMap::new();
     for s in b.subresources.iter().chain(a.subresources.iter()) {
         subs.insert(s.subresource.clone(), s.clone());
     }
@@ -182,8 +182,8 @@ fn merge_resource(a: &mut ResourceDiscovery, b: &ResourceDiscovery) {
     }
 }
 
-fn borrow(v: &[String]) -> Vec<&str> {
-    v.iter().map(String::as_str).collect()
+fn borrow<S: AsRef<str>>(v: &[S]) -> Vec<&str> {
+    v.iter().map(AsRef::as_ref).collect()
 }
 
 fn reorder<T>(items: &mut [T], order: &[&str], key: impl Fn(&T) -> &str) {

@@ -4,6 +4,7 @@
 //! ([`crate::snapshot`]) with the merged discovery documents ([`merge`]).
 
 pub mod documents;
+pub mod interned;
 pub mod leases;
 pub mod merge;
 pub mod sync;

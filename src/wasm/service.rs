@@ -3,6 +3,7 @@
 //! first, generation last, so a filter that sees a new generation finds the matching head).
 
 use std::collections::HashMap;
+use std::rc::Rc;
 use std::time::Duration;
 
 use proxy_wasm::hostcalls;
@@ -10,7 +11,7 @@ use proxy_wasm::types::{BufferType, MapType};
 
 use super::host::{self, Metrics};
 use crate::config::Config;
-use crate::discovery::sync::{answers, Outcome, Publish, Step, Syncer};
+use crate::discovery::sync::{answers, Body, Outcome, Publish, Step, Syncer};
 use crate::metrics;
 use crate::passive_health;
 use crate::snapshot;
@@ -65,10 +66,18 @@ impl Service {
                     .map(|(_, v)| v.clone())
             };
             let status = get(":status").and_then(|s| s.parse().ok()).unwrap_or(0);
+            // Left in Envoy's buffer (valid for this callback, in which the syncer parses it).
             let body = if status == 200 {
-                host::buffer(BufferType::HttpCallResponseBody, body_size)
+                Body::Pieces {
+                    len: body_size,
+                    read: Rc::new(|start, max| {
+                        hostcalls::get_buffer(BufferType::HttpCallResponseBody, start, max)
+                            .ok()
+                            .flatten()
+                    }),
+                }
             } else {
-                Vec::new()
+                Body::Empty
             };
             answers::call_outcome(
                 status,
@@ -128,16 +137,20 @@ impl Service {
 
     fn publish(&mut self, p: Publish) {
         let generation = p.table.generation;
-        let docs = [
-            (snapshot::KEY_MERGED_APIS, p.merged_apis),
-            (snapshot::KEY_MERGED_API, p.merged_api),
-            (snapshot::KEY_MERGED_APIS_LEGACY, p.merged_apis_legacy),
-        ];
         // Entries (only for a new key set) and documents first, then the head, generation last.
+        // A document is written into shared data as it is serialized (see `snapshot::put_document`).
         let ok = (!p.keys_changed || p.table.entries().all(|(key, value)| host::set_shared(&key, &value)))
-            && docs
-                .into_iter()
-                .all(|(key, doc)| publish_document(key, generation, doc))
+            && snapshot::MERGED_DOCS.iter().all(|doc| {
+                let (key, index) = crate::request::response::merged_source(*doc);
+                let len = p.table.merged_lengths.get(index).copied().unwrap_or(0);
+                snapshot::put_document(
+                    key,
+                    generation,
+                    len,
+                    &mut |sink| p.merged.write(*doc, sink),
+                    &mut |k, v| host::set_shared(k, v),
+                )
+            })
             && host::set_shared(snapshot::KEY_TABLE, &p.table.encode_head())
             && host::set_shared(snapshot::KEY_GENERATION, p.table.generation.to_string().as_bytes());
         if ok {
@@ -189,23 +202,4 @@ impl Service {
             }
         }
     }
-}
-
-/// A merged document, whole (tagged in place) or, above [`snapshot::WHOLE_LIMIT`], in tagged pieces
-/// with only the tag left under its own key (so a smaller earlier version does not linger there).
-fn publish_document(key: &str, generation: u64, mut doc: Vec<u8>) -> bool {
-    if !snapshot::is_chunked(doc.len() as u64) {
-        snapshot::tag_in_place(generation, &mut doc);
-        return host::set_shared(key, &doc);
-    }
-    for (chunk_key, range) in snapshot::chunks(key, generation, &doc) {
-        let mut piece = doc.get(range).unwrap_or_default().to_vec();
-        snapshot::tag_in_place(generation, &mut piece);
-        if !host::set_shared(&chunk_key, &piece) {
-            return false;
-        }
-    }
-    let mut tag = Vec::new();
-    snapshot::tag_in_place(generation, &mut tag);
-    host::set_shared(key, &tag)
 }

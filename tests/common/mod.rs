@@ -3,7 +3,7 @@
 #![cfg(test)]
 
 use kube_peer_proxy::discovery::documents::{
-    GroupDiscovery, GroupMeta, Gvk, ResourceDiscovery, SubresourceDiscovery, VersionDiscovery,
+    GroupDiscovery, GroupMeta, Gvk, ResourceDiscovery, Str, SubresourceDiscovery, VersionDiscovery,
 };
 
 pub const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/k8s-discovery/");
@@ -21,13 +21,13 @@ pub fn fixture_json(name: &str) -> serde_json::Value {
     serde_json::from_slice(&fixture(name)).expect("fixture is JSON")
 }
 
-pub fn strings(v: &[&str]) -> Vec<String> {
-    v.iter().map(|s| s.to_string()).collect()
+pub fn strings(v: &[&str]) -> Vec<Str> {
+    v.iter().map(|s| Str::from(*s)).collect()
 }
 
 pub fn sub(name: &str, verbs: &[&str]) -> SubresourceDiscovery {
     SubresourceDiscovery {
-        subresource: name.to_string(),
+        subresource: name.into(),
         response_kind: None,
         accepted_types: Vec::new(),
         verbs: strings(verbs),
@@ -37,14 +37,14 @@ pub fn sub(name: &str, verbs: &[&str]) -> SubresourceDiscovery {
 /// A namespaced resource with the usual verbs and the given subresources (verbs get/patch/update).
 pub fn res(name: &str, subs: &[&str]) -> ResourceDiscovery {
     ResourceDiscovery {
-        resource: name.to_string(),
+        resource: name.into(),
         response_kind: Some(Gvk {
-            group: String::new(),
-            version: String::new(),
-            kind: "Kind".to_string(),
+            group: Str::default(),
+            version: Str::default(),
+            kind: "Kind".into(),
         }),
-        scope: "Namespaced".to_string(),
-        singular_resource: name.trim_end_matches('s').to_string(),
+        scope: "Namespaced".into(),
+        singular_resource: name.trim_end_matches('s').into(),
         verbs: strings(&["get", "list", "watch"]),
         short_names: Vec::new(),
         categories: Vec::new(),
@@ -54,23 +54,23 @@ pub fn res(name: &str, subs: &[&str]) -> ResourceDiscovery {
 
 pub fn ver(version: &str, resources: Vec<ResourceDiscovery>) -> VersionDiscovery {
     VersionDiscovery {
-        version: version.to_string(),
+        version: version.into(),
         resources,
-        freshness: "Current".to_string(),
+        freshness: "Current".into(),
     }
 }
 
 pub fn stale(version: &str) -> VersionDiscovery {
     VersionDiscovery {
-        version: version.to_string(),
+        version: version.into(),
         resources: Vec::new(),
-        freshness: "Stale".to_string(),
+        freshness: "Stale".into(),
     }
 }
 
 pub fn group(name: &str, versions: Vec<VersionDiscovery>) -> GroupDiscovery {
     GroupDiscovery {
-        metadata: GroupMeta { name: name.to_string() },
+        metadata: GroupMeta { name: name.into() },
         versions,
     }
 }

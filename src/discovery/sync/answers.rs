@@ -3,7 +3,7 @@
 
 use std::rc::Rc;
 
-use super::{Doc, Outcome, SyncErrorKind, Syncer};
+use super::{Body, Doc, Outcome, SyncErrorKind, Syncer};
 use crate::discovery::documents;
 
 /// A discovery call's answer. Envoy's router stamps every upstream answer with
@@ -14,7 +14,7 @@ pub fn call_outcome(
     upstream_service_time: bool,
     content_type: String,
     etag: Option<String>,
-    body: Vec<u8>,
+    body: Body,
 ) -> Outcome {
     if status == 503 && !upstream_service_time {
         return Outcome::Unreachable;
@@ -118,12 +118,15 @@ impl Syncer {
     }
 }
 
-fn parse_doc(path: &str, content_type: &str, body: &[u8]) -> Result<Doc, String> {
+fn parse_doc(path: &str, content_type: &str, body: &Body) -> Result<Doc, String> {
     let e = |e: documents::ParseError| e.to_string();
     if documents::is_aggregated_content_type(content_type) {
-        let list = documents::parse_aggregated(body).map_err(e)?;
+        // Read in pieces from where the body is: no copy of a large document beside its parse.
+        let list = documents::parse_aggregated_from(body.reader()).map_err(e)?;
         return Ok(Doc::Aggregated(Rc::new(list.items), None));
     }
+    // Legacy documents are small (one group version each): parsed from a copy.
+    let body = &body.to_vec();
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     match segments.as_slice() {
         ["api"] => Ok(Doc::ApiVersions(

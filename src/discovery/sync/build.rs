@@ -2,7 +2,7 @@
 //! made only when what it depends on changed and published only when it differs from the last one.
 
 use super::{Publish, Server, Syncer};
-use crate::snapshot::{etag, Member, Snapshot};
+use crate::snapshot::{Member, MergedSource, Snapshot};
 
 /// What the built snapshot depends on besides the documents: per member its name, whether each
 /// part is known and fresh, and whether it is reachable.
@@ -53,8 +53,12 @@ impl Syncer {
                 reachable: s.reachable,
             })
             .collect();
-        let mut snapshot = Snapshot::build(&table_members, membership_unknown);
-        let fingerprint = etag(&snapshot.table.encode());
+        let merged = MergedSource {
+            apis: members.iter().filter_map(|s| s.groups.docs.clone()).collect(),
+            core: members.iter().filter_map(|s| s.core.docs.clone()).collect(),
+        };
+        let mut snapshot = Snapshot::build(&table_members, merged, membership_unknown);
+        let fingerprint = snapshot.table.fingerprint();
         if self.published.as_ref() == Some(&fingerprint) {
             return None;
         }

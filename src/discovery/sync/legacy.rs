@@ -147,7 +147,7 @@ fn assemble_legacy(
         match groups.last_mut() {
             Some(last) if last.metadata.name == g => last.versions.push(version),
             _ => groups.push(GroupDiscovery {
-                metadata: GroupMeta { name: g },
+                metadata: GroupMeta { name: g.into() },
                 versions: vec![version],
             }),
         }

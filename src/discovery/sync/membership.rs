@@ -21,7 +21,7 @@ impl Syncer {
             hostname: config.local_hostname.clone(),
             address: config.local_address.clone(),
         };
-        leases::parse_lease_list_at(&body, &own, &config.hosts, config.peer_port)
+        leases::parse_lease_list_at(&body.to_vec(), &own, &config.hosts, config.peer_port)
             .map_err(|e| (SyncErrorKind::Decode, e))
     }
 

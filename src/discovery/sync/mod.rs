@@ -50,6 +50,118 @@ impl Fetch {
     }
 }
 
+/// A discovery answer's body: held in memory, or left where it is and read in pieces. The
+/// discovery service leaves it in Envoy's buffer: an aggregated document is parsed straight from
+/// there, so the VM never holds a copy of it beside its parse (8 MiB for 20 000 resources), and a
+/// VM's memory never shrinks once it has grown.
+#[derive(Clone, Default)]
+pub enum Body {
+    #[default]
+    Empty,
+    Bytes(Vec<u8>),
+    /// `len` bytes, `read(start, max)` giving the next piece (`None` once it cannot be read).
+    Pieces {
+        len: usize,
+        read: Rc<dyn Fn(usize, usize) -> Option<Vec<u8>>>,
+    },
+}
+
+/// The size of the pieces a [`Body::Pieces`] is read in.
+const PIECE: usize = 64 * 1024;
+
+impl Body {
+    pub fn len(&self) -> usize {
+        match self {
+            Body::Empty => 0,
+            Body::Bytes(b) => b.len(),
+            Body::Pieces { len, .. } => *len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The whole body in memory (small documents: legacy discovery, lease lists).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.len());
+        // Reading a Vec cannot fail; a body that stops early is cut short, and its parse fails.
+        let _ = std::io::Read::read_to_end(&mut self.reader(), &mut out);
+        out
+    }
+
+    /// Reads the body from its start; a piece that cannot be read is an I/O error (the parse that
+    /// reads it fails and the server keeps its last good data).
+    pub fn reader(&self) -> impl std::io::Read + '_ {
+        BodyReader {
+            body: self,
+            next: 0,
+            piece: Vec::new(),
+            at: 0,
+        }
+    }
+}
+
+impl From<Vec<u8>> for Body {
+    fn from(b: Vec<u8>) -> Body {
+        Body::Bytes(b)
+    }
+}
+
+/// Equal bytes (read whole: for tests and tools, not the service).
+impl PartialEq for Body {
+    fn eq(&self, other: &Body) -> bool {
+        self.len() == other.len() && self.to_vec() == other.to_vec()
+    }
+}
+
+impl Eq for Body {}
+
+impl std::fmt::Debug for Body {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Body({} bytes)", self.len())
+    }
+}
+
+struct BodyReader<'a> {
+    body: &'a Body,
+    /// Where the next piece starts.
+    next: usize,
+    piece: Vec<u8>,
+    /// How much of `piece` was read.
+    at: usize,
+}
+
+impl std::io::Read for BodyReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let rest: &[u8] = match self.body {
+            Body::Empty => &[],
+            Body::Bytes(b) => b.get(self.next..).unwrap_or_default(),
+            Body::Pieces { len, read } => {
+                if self.at >= self.piece.len() && self.next < *len {
+                    let want = PIECE.min(len - self.next);
+                    self.piece = match read(self.next, want) {
+                        Some(p) if !p.is_empty() && p.len() <= want => p,
+                        _ => return Err(std::io::Error::other("the body could not be read")),
+                    };
+                    self.at = 0;
+                    self.next += self.piece.len();
+                }
+                self.piece.get(self.at..).unwrap_or_default()
+            }
+        };
+        let n = rest.len().min(buf.len());
+        if let (Some(dst), Some(src)) = (buf.get_mut(..n), rest.get(..n)) {
+            dst.copy_from_slice(src);
+        }
+        match self.body {
+            Body::Pieces { .. } => self.at += n,
+            _ => self.next += n,
+        }
+        Ok(n)
+    }
+}
+
 /// What came back for a fetch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -57,7 +169,7 @@ pub enum Outcome {
         status: u16,
         content_type: String,
         etag: Option<String>,
-        body: Vec<u8>,
+        body: Body,
     },
     /// Envoy could not connect to the server (its own 503, not the server's): the only failure
     /// that marks a server unhealthy, i.e. not routed to while its data is kept.
