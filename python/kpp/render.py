@@ -32,6 +32,11 @@ DISCOVERY_ROOT_ID = "kube-peer-proxy-discovery"
 PEER_GATE_ROOT_ID = "kube-peer-proxy-peer-gate"  # the peer listener's CN check (src/wasm/peer_gate.rs)
 # Label names encoded as `;name=value` in our stat names (src/metrics.rs LABELS).
 LABELS = ["code", "group", "version", "resource", "type", "server", "doc"]
+# Envoy's tcmalloc keeps freed heap pages resident unless told to give them back (the default
+# `bytes_to_release` is 0). The discovery service's answers are buffered whole by Envoy (megabytes
+# each with a large API set) and freed a moment later: without a release those pages stay in the
+# RSS for good. 16 MiB per second costs nothing measurable on a node whose heap is steady.
+MEMORY_RELEASE = {"bytes_to_release": str(16 << 20), "memory_release_interval": "1s"}
 
 # The health paths a load balancer checks (docs/deploy.md "Load balancer"): `/healthz` (kubeadm's HA
 # guide checks it) and `/readyz`, with any query, never their sub-checks. Envoy's health_check filter
@@ -217,6 +222,7 @@ def render_bootstrap(*, node, listen_port, admin_port, local, peers, wasm_path, 
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
         "stats_config": {"stats_tags": [
             {"tag_name": label, "regex": f"(;{label}=([^;]*))"} for label in LABELS]},
+        "memory_allocator_manager": MEMORY_RELEASE,
         "static_resources": {
             "listeners": [{
                 "name": "apiserver",
