@@ -5,8 +5,8 @@
 
 The document keeps its hand-written text; only the text between `<!-- generated:NAME -->` and
 `<!-- /generated:NAME -->` is replaced: `machine` (facts about this run), `envoy`, `core` and `size` (the
-reports of bench/envoy_bench.py, bench/core_bench.sh and bench/size.sh), and `hop` from
-target/hop/results.md (scripts/k8s/hop.py) when that file exists.
+reports of bench/envoy_bench.py, bench/core_bench.sh and bench/size.sh), `mem` from target/bench/mem.md
+(bench/mem_probe.py) and `hop` from target/hop/results.md (scripts/k8s/hop.py) when those files exist.
 """
 
 from __future__ import annotations
@@ -79,6 +79,7 @@ def machine() -> str:
             "bash bench/size.sh > target/bench/size.md",
             "bash bench/core_bench.sh > target/bench/core.md",
             f".venv/bin/python bench/envoy_bench.py --out target/bench/envoy.md {BENCH_ARGS}".rstrip(),
+            ".venv/bin/python bench/mem_probe.py --out target/bench/mem.md",
             ".venv/bin/python bench/update_doc.py docs/benchmarks.md target/bench/core.md target/bench/envoy.md "
             "target/bench/size.md",
             "```"]
@@ -102,6 +103,9 @@ def main(argv: list[str]) -> int:
     doc = replace(doc, "envoy", envoy.read_text())
     doc = replace(doc, "core", core.read_text())
     doc = replace(doc, "size", size.read_text())
+    mem = ROOT / "target" / "bench" / "mem.md"  # bench/mem_probe.py (`make bench`)
+    if mem.is_file() and "<!-- generated:mem -->" in doc:
+        doc = replace(doc, "mem", mem.read_text())
     hop = ROOT / "target" / "hop" / "results.md"  # scripts/k8s/hop.py (`make hop`), when it has run
     if hop.is_file() and "<!-- generated:hop -->" in doc:
         doc = replace(doc, "hop", hop.read_text())
