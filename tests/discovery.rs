@@ -882,3 +882,35 @@ fn a_parsed_document_shares_its_repeated_strings_and_serializes_unchanged() {
     }
     assert_eq!(value(&to_v2_json(&list.items)).get("items"), original.get("items"));
 }
+
+#[test]
+fn every_list_of_a_parsed_document_is_exactly_its_length() {
+    // The discovery service keeps every member's parsed document: spare capacity left by the
+    // parser's growth would be held for as long as the member exists.
+    for body in [fixture(AGG_133), fixture(AGG_137)] {
+        let list = parse_aggregated(&body).expect("fixture");
+        let mut lists = 0usize;
+        let mut check = |what: &str, len: usize, cap: usize| {
+            lists += 1;
+            assert_eq!(len, cap, "{what}: {len} items in room for {cap}");
+        };
+        check("items", list.items.len(), list.items.capacity());
+        for g in &list.items {
+            check("versions", g.versions.len(), g.versions.capacity());
+            for v in &g.versions {
+                check("resources", v.resources.len(), v.resources.capacity());
+                for r in &v.resources {
+                    check("verbs", r.verbs.len(), r.verbs.capacity());
+                    check("shortNames", r.short_names.len(), r.short_names.capacity());
+                    check("categories", r.categories.len(), r.categories.capacity());
+                    check("subresources", r.subresources.len(), r.subresources.capacity());
+                    for s in &r.subresources {
+                        check("subresource verbs", s.verbs.len(), s.verbs.capacity());
+                        check("acceptedTypes", s.accepted_types.len(), s.accepted_types.capacity());
+                    }
+                }
+            }
+        }
+        assert!(lists > 300, "{lists}");
+    }
+}
