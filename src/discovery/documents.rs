@@ -107,7 +107,12 @@ pub struct ResourceDiscovery {
     pub singular_resource: Str,
     #[serde(default, deserialize_with = "compact")]
     pub verbs: Vec<Str>,
-    #[serde(rename = "shortNames", default, skip_serializing_if = "Vec::is_empty", deserialize_with = "compact")]
+    #[serde(
+        rename = "shortNames",
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "compact"
+    )]
     pub short_names: Vec<Str>,
     #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "compact")]
     pub categories: Vec<Str>,
@@ -121,7 +126,12 @@ pub struct SubresourceDiscovery {
     pub subresource: Str,
     #[serde(rename = "responseKind", default, skip_serializing_if = "Option::is_none")]
     pub response_kind: Option<Gvk>,
-    #[serde(rename = "acceptedTypes", default, skip_serializing_if = "Vec::is_empty", deserialize_with = "compact")]
+    #[serde(
+        rename = "acceptedTypes",
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "compact"
+    )]
     pub accepted_types: Vec<Gvk>,
     #[serde(default, deserialize_with = "compact")]
     pub verbs: Vec<Str>,
