@@ -3,10 +3,11 @@
 //! reachable (membership is separate from freshness: a member never leaves because it is down).
 //!
 //! The discovery service builds it once per change and publishes it to Envoy shared data: the
-//! small head (members, bit sets, ETags) under [`KEY_TABLE`], and every key as its own entry
-//! ([`entry_key`]). A filter VM decodes only the head when the generation changes and reads the
-//! entries a request needs straight from shared data, so no worker VM holds the table: memory does
-//! not grow with Envoy's worker count, and a lookup costs the same for any table size.
+//! small head (members, bit sets, ETags) under [`KEY_TABLE`], and the keys in hash buckets of
+//! about [`KEYS_PER_BUCKET`] keys each ([`bucket_key`]). A filter VM decodes only the head when the
+//! generation changes and reads the one bucket a lookup needs straight from shared data, so no
+//! worker VM holds the table: memory does not grow with Envoy's worker count, and a lookup costs
+//! the same for any table size.
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
@@ -18,9 +19,9 @@ use crate::request::routing::MergedDoc;
 
 /// Shared-data keys. Values are written table/documents first and generation last.
 pub const KEY_GENERATION: &str = "kube-peer-proxy.v1/generation";
-/// The table's head: everything but the keys, which are entries of their own ([`entry_key`]).
+/// The table's head: everything but the keys, which are in buckets of their own ([`bucket_key`]).
 pub const KEY_TABLE: &str = "kube-peer-proxy.v1/table";
-/// Prefix of the table's entries.
+/// Prefix of the table's key buckets.
 pub const KEY_ENTRY_PREFIX: &str = "kube-peer-proxy.v1/k";
 pub const KEY_MERGED_APIS: &str = "kube-peer-proxy.v1/merged/apis";
 pub const KEY_MERGED_API: &str = "kube-peer-proxy.v1/merged/api";
@@ -121,11 +122,14 @@ pub struct Table {
     /// Empty in a filter VM's head, which reads them from shared data (see [`KeySource`]).
     #[serde(default)]
     pub keys: BTreeMap<String, u64>,
-    /// The entry slot (0 or 1) and version of the published keys (see [`entry_key`]).
+    /// The entry slot (0 or 1) and version of the published keys (see [`bucket_key`]).
     #[serde(default)]
     pub keys_slot: u8,
     #[serde(default)]
     pub keys_version: u64,
+    /// How many buckets the published keys are hashed into ([`bucket_count`] of the key count).
+    #[serde(default)]
+    pub keys_buckets: u32,
     /// Where [`Table::servers_for`] looks keys up.
     #[serde(skip)]
     pub key_source: KeySource,
@@ -176,31 +180,67 @@ impl PartialEq for KeySource {
 
 impl Eq for KeySource {}
 
-/// The shared-data key of table key `key` in entry slot `slot`. Two slots: a new key set is
+/// Keys per published bucket, on average. One shared-data entry per key cost Envoy about 200 bytes
+/// of heap each beyond the key and value (a hash-map node and two strings): 8 MiB for a table of
+/// 40 000 keys. A bucket of about 10 keys is one entry, and a lookup copies a few hundred bytes.
+pub const KEYS_PER_BUCKET: usize = 10;
+
+/// Buckets for `keys` keys: a power of two (a bucket is a mask of the key's hash), rounded down,
+/// so a bucket holds between [`KEYS_PER_BUCKET`] and twice that many keys on average.
+pub fn bucket_count(keys: usize) -> u32 {
+    let n = (keys / KEYS_PER_BUCKET).clamp(1, 1 << 20);
+    1u32 << (usize::BITS - 1 - n.leading_zeros())
+}
+
+/// The bucket of `key` among `buckets` (FNV-1a; the same in every VM, process and version).
+pub fn bucket_of(key: &str, buckets: u32) -> u32 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in key.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    let mask = u64::from(buckets.max(1).next_power_of_two() - 1);
+    u32::try_from(h & mask).unwrap_or(0)
+}
+
+/// The shared-data key of bucket `index` in entry slot `slot`. Two slots: a new key set is
 /// written into the slot the current head does not use, before the head that points at it, so a
-/// worker still routing with the previous head reads intact entries. Entries are never deleted
-/// (the host has no delete): a key gone from the current set keeps an older version's value,
-/// which [`entry_bits`] does not accept, so each slot holds at most every key ever served.
-pub fn entry_key(slot: u8, key: &str) -> String {
-    format!("{KEY_ENTRY_PREFIX}/{slot}/{key}")
+/// worker still routing with the previous head reads intact buckets. Buckets are never deleted
+/// (the host has no delete): a bucket of an earlier key set keeps that set's version, which
+/// [`bucket_lookup`] does not accept.
+pub fn bucket_key(slot: u8, index: u32) -> String {
+    format!("{KEY_ENTRY_PREFIX}/{slot}/{index}")
 }
 
-/// An entry's value: the key set's version, then the members' bit set (little-endian u64s).
-pub fn entry_value(version: u64, servers: u64) -> [u8; 16] {
-    let mut v = [0u8; 16];
-    let (a, b) = v.split_at_mut(8);
-    a.copy_from_slice(&version.to_le_bytes());
-    b.copy_from_slice(&servers.to_le_bytes());
-    v
+/// A bucket's value: the key set's version (u64), then per key its length (u32), its bytes and its
+/// members' bit set (u64), all little-endian, keys in order.
+fn write_record(value: &mut Vec<u8>, key: &str, servers: u64) {
+    value.extend_from_slice(&u32::try_from(key.len()).unwrap_or(u32::MAX).to_le_bytes());
+    value.extend_from_slice(key.as_bytes());
+    value.extend_from_slice(&servers.to_le_bytes());
 }
 
-/// The bit set of an entry if it belongs to key-set `version` (else the key is not in that set).
-pub fn entry_bits(version: u64, value: &[u8]) -> Option<u64> {
-    let (v, bits) = (value.get(..8)?, value.get(8..16)?);
-    if value.len() != 16 || u64::from_le_bytes(v.try_into().ok()?) != version {
+/// The bit set of `key` in a bucket of key-set `version`: `None` if the bucket belongs to another
+/// set or is damaged, `Some(0)` if the set does not have the key.
+pub fn bucket_lookup(version: u64, value: &[u8], key: &str) -> Option<u64> {
+    fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+        Some(u64::from_le_bytes(b.get(at..at.checked_add(8)?)?.try_into().ok()?))
+    }
+    if u64_at(value, 0)? != version {
         return None;
     }
-    Some(u64::from_le_bytes(bits.try_into().ok()?))
+    let mut at = 8usize;
+    while at < value.len() {
+        let len = u32::from_le_bytes(value.get(at..at.checked_add(4)?)?.try_into().ok()?);
+        let start = at.checked_add(4)?;
+        let end = start.checked_add(usize::try_from(len).ok()?)?;
+        let bits = u64_at(value, end)?;
+        if value.get(start..end)? == key.as_bytes() {
+            return Some(bits);
+        }
+        at = end.checked_add(8)?;
+    }
+    Some(0)
 }
 
 pub fn resource_key(group: &str, version: &str, resource: &str) -> String {
@@ -298,6 +338,7 @@ impl Table {
             }
         }
         t.servers = members.iter().take(MAX_SERVERS).map(|m| m.server.clone()).collect();
+        t.keys_buckets = bucket_count(keys.len());
         t.keys = keys;
         t
     }
@@ -338,22 +379,39 @@ impl Table {
     }
 
     /// Servers (bit set) that serve `key`; 0 when nobody does. A filter VM's head reads the
-    /// entry from shared data (one host call; see [`entry_key`]).
+    /// entry from shared data (one host call; see [`bucket_key`]).
     pub fn servers_for(&self, key: &str) -> u64 {
         match self.key_source {
             KeySource::InTable => self.keys.get(key).copied().unwrap_or(0),
             KeySource::Shared(_) if key.starts_with(UNKNOWN_PREFIX) => self.keys.get(key).copied().unwrap_or(0),
-            KeySource::Shared(read) => read(&entry_key(self.keys_slot, key))
-                .and_then(|v| entry_bits(self.keys_version, &v))
+            KeySource::Shared(read) => read(&bucket_key(self.keys_slot, bucket_of(key, self.keys_buckets)))
+                .and_then(|v| bucket_lookup(self.keys_version, &v, key))
                 .unwrap_or(0),
         }
     }
 
-    /// The shared-data entries of this table's keys, for its slot and version.
-    pub fn entries(&self) -> impl Iterator<Item = (String, [u8; 16])> + '_ {
-        self.keys
+    /// The shared-data buckets of this table's keys (the `u/` keys stay in the head), for its
+    /// slot, version and bucket count; empty buckets are not written (a missing bucket has no key).
+    pub fn entries(&self) -> impl Iterator<Item = (String, Vec<u8>)> + '_ {
+        let buckets = self.keys_buckets;
+        let mut keys: Vec<(u32, &str, u64)> = self
+            .keys
             .iter()
-            .map(|(k, v)| (entry_key(self.keys_slot, k), entry_value(self.keys_version, *v)))
+            .filter(|(k, _)| !k.starts_with(UNKNOWN_PREFIX))
+            .map(|(k, v)| (bucket_of(k, buckets), k.as_str(), *v))
+            .collect();
+        // Stable: keys stay in order within a bucket.
+        keys.sort_by_key(|(b, _, _)| *b);
+        let mut rest = keys.into_iter().peekable();
+        std::iter::from_fn(move || {
+            let (index, key, servers) = rest.next()?;
+            let mut value = self.keys_version.to_le_bytes().to_vec();
+            write_record(&mut value, key, servers);
+            while let Some((_, key, servers)) = rest.next_if(|(b, _, _)| *b == index) {
+                write_record(&mut value, key, servers);
+            }
+            Some((bucket_key(self.keys_slot, index), value))
+        })
     }
 
     /// A fingerprint of the keys and their bit sets: a new one means new entries to publish.
@@ -418,6 +476,7 @@ impl Table {
             keys: Option<&'a BTreeMap<String, u64>>,
             keys_slot: u8,
             keys_version: u64,
+            keys_buckets: u32,
             known_core: u64,
             known_groups: u64,
             fresh_core: u64,
@@ -436,6 +495,7 @@ impl Table {
             keys,
             keys_slot: self.keys_slot,
             keys_version: self.keys_version,
+            keys_buckets: self.keys_buckets,
             known_core: self.known_core,
             known_groups: self.known_groups,
             fresh_core: self.fresh_core,
@@ -530,7 +590,7 @@ pub const MERGED_DOCS: [MergedDoc; 3] = [MergedDoc::Apis, MergedDoc::Api, Merged
 pub struct Snapshot {
     pub table: Table,
     pub merged: MergedSource,
-    /// Whether the table's entries must be written: its key set is new (see [`entry_key`]).
+    /// Whether the table's entries must be written: its key set is new (see [`bucket_key`]).
     pub keys_changed: bool,
 }
 

@@ -9,8 +9,9 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use kube_peer_proxy::snapshot::{
-    chunks, entry_bits, entry_value, etag, group_key, put_document, resource_key, subresource_key, tag_in_place,
-    unknown_key, version_key, KeySource, ServerDiscovery, ServerRef, Table, CHUNK, MAX_SERVERS, WHOLE_LIMIT,
+    bucket_count, bucket_key, bucket_lookup, bucket_of, chunks, etag, group_key, put_document, resource_key,
+    subresource_key, tag_in_place, unknown_key, version_key, KeySource, ServerDiscovery, ServerRef, Table, CHUNK,
+    MAX_SERVERS, WHOLE_LIMIT,
 };
 
 fn server(name: &str, local: bool) -> ServerRef {
@@ -403,7 +404,16 @@ fn a_head_reads_its_entries_from_shared_data() {
     // Only the unknown keys stay in the head (no host call for the question every request asks).
     assert!(view.keys.keys().all(|k| k.starts_with("u/")), "{:?}", view.keys);
     assert_eq!(view.keys.len(), 2);
-    SHARED.with(|m| m.borrow_mut().retain(|k, _| !k.contains("/u/")));
+    let written: Vec<(String, Vec<u8>)> = table.entries().collect();
+    assert!(
+        written.iter().all(|(_, v)| !v.windows(2).any(|w| w == b"u/")),
+        "the unknown keys are in the head, not in buckets"
+    );
+    // Buckets, not one entry per key: about KEYS_PER_BUCKET keys each, empty ones not written.
+    let keys = table.keys.len();
+    assert_eq!(table.keys_buckets, bucket_count(keys - 2));
+    assert!(written.len() * 4 < keys, "{} buckets for {keys} keys", written.len());
+    assert!(written.len() <= table.keys_buckets as usize);
     for (key, bits) in table.keys.iter().filter(|(k, _)| k.starts_with("u/")) {
         assert_eq!(view.servers_for(key), *bits, "{key}: from the head, not shared data");
     }
@@ -458,12 +468,54 @@ fn entries_of_another_key_set_are_not_taken() {
         (v3.servers_for(&alpha), v3.servers_for(&beta), v3.servers_for(&gamma)),
         (0, 0, 1)
     );
-    // Damaged or foreign values are no entry.
-    assert_eq!(entry_bits(12, &entry_value(12, 5)), Some(5));
-    assert_eq!(entry_bits(12, &entry_value(11, 5)), None);
-    for bad in [&b""[..], &b"0123456789abcdef0"[..], &entry_value(12, 5)[..15]] {
-        assert_eq!(entry_bits(12, bad), None, "{bad:?}");
+}
+
+/// A bucket as `Table::entries` writes it: version, then (length, key, bits) per key.
+fn bucket(version: u64, keys: &[(&str, u64)]) -> Vec<u8> {
+    let mut v = version.to_le_bytes().to_vec();
+    for (k, bits) in keys {
+        v.extend_from_slice(&(k.len() as u32).to_le_bytes());
+        v.extend_from_slice(k.as_bytes());
+        v.extend_from_slice(&bits.to_le_bytes());
     }
+    v
+}
+
+#[test]
+fn a_bucket_answers_for_its_own_key_set_and_damage_is_no_entry() {
+    let b = bucket(12, &[("r/x.io/v1/a", 5), ("r/x.io/v1/ab", 6), ("", 7)]);
+    assert_eq!(bucket_lookup(12, &b, "r/x.io/v1/a"), Some(5));
+    assert_eq!(bucket_lookup(12, &b, "r/x.io/v1/ab"), Some(6));
+    assert_eq!(bucket_lookup(12, &b, ""), Some(7));
+    assert_eq!(bucket_lookup(12, &b, "r/x.io/v1/abc"), Some(0), "not in the set");
+    assert_eq!(bucket_lookup(11, &b, "r/x.io/v1/a"), None, "another key set's bucket");
+    assert_eq!(bucket_lookup(12, &bucket(12, &[]), "r/x.io/v1/a"), Some(0));
+    // A cut inside a record, or a length past the end, is no entry (and never a panic); a cut
+    // between records reads as a bucket without the later keys (shared data values are written
+    // whole, so that is the host's own guarantee).
+    let (first, second) = (8 + 4 + 11 + 8, 8 + 4 + 11 + 8 + 4 + 12 + 8);
+    for cut in 0..b.len() {
+        let want = match cut {
+            8 => Some(0),
+            c if c == first => Some(0),
+            c if c >= second => Some(6),
+            _ => None,
+        };
+        assert_eq!(bucket_lookup(12, &b[..cut], "r/x.io/v1/ab"), want, "{cut}");
+    }
+    let mut huge = 12u64.to_le_bytes().to_vec();
+    huge.extend_from_slice(&u32::MAX.to_le_bytes());
+    huge.extend_from_slice(b"r/x");
+    assert_eq!(bucket_lookup(12, &huge, "r/x"), None);
+    // The bucket of a key: stable, within range, and spread.
+    assert_eq!(bucket_count(0), 1);
+    assert_eq!(bucket_count(41_406), 4096);
+    assert!(bucket_of("r/x.io/v1/a", 4096) < 4096);
+    assert_eq!(bucket_of("r/x.io/v1/a", 4096), bucket_of("r/x.io/v1/a", 4096));
+    assert_eq!(bucket_of("anything", 1), 0);
+    let used: std::collections::BTreeSet<u32> = (0..4096).map(|i| bucket_of(&format!("r/g{i}.io/v1/r"), 512)).collect();
+    assert!(used.len() > 480, "{} of 512 buckets used", used.len());
+    assert_ne!(bucket_key(0, 3), bucket_key(1, 3));
 }
 
 #[test]

@@ -369,7 +369,7 @@ pub struct Syncer {
     generation: u64,
     /// Fingerprint of the last published table (an ETag of its encoding, not the megabytes).
     published: Option<String>,
-    /// Fingerprint, version and entry slot of the last published key set (see `snapshot::entry_key`).
+    /// Fingerprint, version and entry slot of the last published key set (see `snapshot::bucket_key`).
     published_keys: Option<String>,
     keys_version: u64,
     keys_slot: u8,
