@@ -216,7 +216,7 @@ fn core_groups() -> Result<Vec<GroupDiscovery>, String> {
     let list = documents::parse_resource_list(&fixture(LEGACY_CORE)?).map_err(|e| e.to_string())?;
     Ok(vec![GroupDiscovery {
         metadata: GroupMeta::default(),
-        versions: vec![documents::version_from_legacy("v1", &list)],
+        versions: vec![documents::version_from_legacy("v1", &list)].into(),
     }])
 }
 

@@ -612,7 +612,8 @@ fn to_v2_json_field_order_and_omitempty() {
                 }],
             }],
             freshness: "Current".into(),
-        }],
+        }]
+        .into(),
     };
     let got = String::from_utf8(to_v2_json(&[core])).expect("utf8");
     let want = concat!(
@@ -648,13 +649,14 @@ fn to_v2_json_field_order_and_omitempty() {
                     resources: Vec::new(),
                     freshness: "Stale".into(),
                 },
-            ],
+            ]
+            .into(),
         },
         GroupDiscovery {
             metadata: GroupMeta {
                 name: "empty.io".into(),
             },
-            versions: Vec::new(),
+            versions: Vec::new().into(),
         },
     ];
     let got = String::from_utf8(to_v2_json(&sparse)).expect("utf8");
@@ -805,11 +807,11 @@ fn legacy_group_list_from_aggregated_is_what_client_go_would_split_out() {
         metadata: GroupMeta {
             name: "metrics.k8s.io".into(),
         },
-        versions: vec![common::stale("v1beta1")],
+        versions: vec![common::stale("v1beta1")].into(),
     });
     items.push(GroupDiscovery {
         metadata: GroupMeta::default(),
-        versions: vec![common::ver("v1", vec![])],
+        versions: vec![common::ver("v1", vec![])].into(),
     });
     let doc: serde_json::Value = serde_json::from_slice(&to_legacy_group_list_json(&items)).expect("json");
     assert_eq!(
@@ -913,4 +915,38 @@ fn every_list_of_a_parsed_document_is_exactly_its_length() {
         }
         assert!(lists > 300, "{lists}");
     }
+}
+
+#[test]
+fn groups_equal_to_another_members_are_shared_and_others_are_not() {
+    // Two members: one on 1.33, one on 1.37; a third parse of 1.37 shares every group with the
+    // 1.37 member (the first of the documents given: of equal groups, the first is kept), and
+    // with the 1.33 member only the groups both versions serve alike.
+    let (old_body, new_body) = (fixture(AGG_133), fixture(AGG_137));
+    let old = parse_aggregated(&old_body).expect("1.33").items;
+    let new = parse_aggregated(&new_body).expect("1.37").items;
+    let again = documents::sharing([new.as_slice(), old.as_slice()], || parse_aggregated(&new_body))
+        .expect("1.37 again")
+        .items;
+    assert_eq!(again, new);
+    assert!(again.iter().zip(&new).all(|(a, n)| a.versions.ptr_eq(&n.versions)));
+    let with_old = documents::sharing([old.as_slice()], || parse_aggregated(&new_body))
+        .expect("1.37, sharing with 1.33")
+        .items;
+    let shared = |g: &GroupDiscovery| old.iter().any(|o| o.versions.ptr_eq(&g.versions));
+    let alike = |g: &GroupDiscovery| old.iter().any(|o| o.metadata == g.metadata && o.versions == g.versions);
+    let (n_shared, n_alike) = (
+        with_old.iter().filter(|g| shared(g)).count(),
+        with_old.iter().filter(|g| alike(g)).count(),
+    );
+    assert_eq!(n_shared, n_alike, "every group served alike is shared, and only those");
+    assert!(
+        n_shared > 5 && n_shared < with_old.len(),
+        "{n_shared} of {}",
+        with_old.len()
+    );
+    // Sharing changes nothing on the wire, and outside `sharing` nothing is shared.
+    assert_eq!(to_v2_json(&with_old), to_v2_json(&new));
+    let plain = parse_aggregated(&new_body).expect("1.37 plain").items;
+    assert!(plain.iter().zip(&new).all(|(a, n)| !a.versions.ptr_eq(&n.versions)));
 }

@@ -4,6 +4,11 @@
 //! Field order and `omitempty` rules follow the Go types in `k8s.io/api/apidiscovery/v2`, so a
 //! document we re-serialize (the merged `/apis`) looks like one an apiserver would send.
 
+use std::cell::RefCell;
+use std::collections::HashSet;
+use std::ops::Deref;
+use std::rc::Rc;
+
 use serde::{Deserialize, Serialize};
 
 pub use super::interned::Str;
@@ -57,8 +62,92 @@ impl<'de> Deserialize<'de> for Empty {
 pub struct GroupDiscovery {
     #[serde(default)]
     pub metadata: GroupMeta,
-    #[serde(default, deserialize_with = "compact")]
-    pub versions: Vec<VersionDiscovery>,
+    #[serde(default)]
+    pub versions: Versions,
+}
+
+/// A group's versions, shared between the documents of members that serve the group alike.
+///
+/// Every apiserver of a cluster serves the same CRDs, so with thousands of them most of each
+/// member's document is the same as the others'. Parsed inside [`sharing`], a group whose
+/// versions equal those of a group in the documents given is not kept twice: the discovery
+/// service holds one copy of what its members have in common, not one per member.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct Versions(Rc<Vec<VersionDiscovery>>);
+
+impl Versions {
+    /// The list to change (copied first if it is shared).
+    pub fn make_mut(&mut self) -> &mut Vec<VersionDiscovery> {
+        Rc::make_mut(&mut self.0)
+    }
+
+    /// Whether `self` and `other` are one block (shared), not only equal.
+    pub fn ptr_eq(&self, other: &Versions) -> bool {
+        Rc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Deref for Versions {
+    type Target = Vec<VersionDiscovery>;
+    fn deref(&self) -> &Vec<VersionDiscovery> {
+        &self.0
+    }
+}
+
+impl From<Vec<VersionDiscovery>> for Versions {
+    fn from(v: Vec<VersionDiscovery>) -> Versions {
+        Versions(Rc::new(v))
+    }
+}
+
+impl FromIterator<VersionDiscovery> for Versions {
+    fn from_iter<I: IntoIterator<Item = VersionDiscovery>>(i: I) -> Versions {
+        Versions::from(i.into_iter().collect::<Vec<_>>())
+    }
+}
+
+impl<'a> IntoIterator for &'a Versions {
+    type Item = &'a VersionDiscovery;
+    type IntoIter = std::slice::Iter<'a, VersionDiscovery>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl Serialize for Versions {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+thread_local! {
+    /// The versions a running [`sharing`] parse may share (see [`Versions`]).
+    static SHARE: RefCell<Option<HashSet<Versions>>> = const { RefCell::new(None) };
+}
+
+impl<'de> Deserialize<'de> for Versions {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let parsed = Versions::from(compact::<D, VersionDiscovery>(d)?);
+        Ok(SHARE.with(|p| {
+            p.borrow()
+                .as_ref()
+                .and_then(|pool| pool.get(&parsed).cloned())
+                .unwrap_or(parsed)
+        }))
+    }
+}
+
+/// Runs `f` (a parse) so that every group's versions equal to a group's in `documents` are that
+/// group's, shared, instead of a copy. The pool lives only for the call.
+pub fn sharing<'a, T>(documents: impl IntoIterator<Item = &'a [GroupDiscovery]>, f: impl FnOnce() -> T) -> T {
+    let pool: HashSet<Versions> = documents
+        .into_iter()
+        .flat_map(|d| d.iter().map(|g| g.versions.clone()))
+        .collect();
+    let outer = SHARE.with(|p| p.borrow_mut().replace(pool));
+    let out = f();
+    SHARE.with(|p| *p.borrow_mut() = outer);
+    out
 }
 
 /// Only `name` of the item's ObjectMeta matters (empty for the core group).
@@ -68,7 +157,7 @@ pub struct GroupMeta {
     pub name: Str,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 pub struct VersionDiscovery {
     #[serde(default)]
     pub version: Str,
@@ -85,7 +174,7 @@ impl VersionDiscovery {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 pub struct Gvk {
     #[serde(default)]
     pub group: Str,
@@ -95,7 +184,7 @@ pub struct Gvk {
     pub kind: Str,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 pub struct ResourceDiscovery {
     #[serde(default)]
     pub resource: Str,
@@ -120,7 +209,7 @@ pub struct ResourceDiscovery {
     pub subresources: Vec<SubresourceDiscovery>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 pub struct SubresourceDiscovery {
     #[serde(default)]
     pub subresource: Str,

@@ -71,7 +71,7 @@ pub fn stale(version: &str) -> VersionDiscovery {
 pub fn group(name: &str, versions: Vec<VersionDiscovery>) -> GroupDiscovery {
     GroupDiscovery {
         metadata: GroupMeta { name: name.into() },
-        versions,
+        versions: versions.into(),
     }
 }
 

@@ -74,6 +74,26 @@ impl Syncer {
             }
             _ => None,
         };
+        let parsed = match (status, same) {
+            (200, _) if body.len() > self.max_bytes => {
+                return Err((SyncErrorKind::Oversized, format!("body of {} bytes", body.len())));
+            }
+            (200, Some(docs)) => Some(Doc::Aggregated(docs, None)),
+            // Groups every member's current documents have too are shared, not copied.
+            (200, None) if documents::is_aggregated_content_type(&content_type) => Some(
+                documents::sharing(
+                    self.servers
+                        .iter()
+                        .flat_map(|o| [&o.core.docs, &o.groups.docs])
+                        .flatten()
+                        .map(|d| d.as_slice()),
+                    || parse_doc(path, &content_type, &body),
+                )
+                .map_err(|e| (SyncErrorKind::Decode, e))?,
+            ),
+            (200, None) => Some(parse_doc(path, &content_type, &body).map_err(|e| (SyncErrorKind::Decode, e))?),
+            _ => None,
+        };
         let server = self
             .servers
             .get_mut(si)
@@ -85,13 +105,7 @@ impl Syncer {
                 .map(|(_, d)| d.clone())
                 .ok_or((SyncErrorKind::HttpStatus, "304 without a cached document".into())),
             200 => {
-                if body.len() > self.max_bytes {
-                    return Err((SyncErrorKind::Oversized, format!("body of {} bytes", body.len())));
-                }
-                let doc = match same {
-                    Some(docs) => Doc::Aggregated(docs, None),
-                    None => parse_doc(path, &content_type, &body).map_err(|e| (SyncErrorKind::Decode, e))?,
-                };
+                let doc = parsed.ok_or((SyncErrorKind::Decode, "no document".to_string()))?;
                 let doc = match (doc, &etag) {
                     (Doc::Aggregated(docs, _), Some(t)) if !t.is_empty() => Doc::Aggregated(docs, Some(t.clone())),
                     (doc, _) => doc,

@@ -145,10 +145,10 @@ fn assemble_legacy(
             continue;
         };
         match groups.last_mut() {
-            Some(last) if last.metadata.name == g => last.versions.push(version),
+            Some(last) if last.metadata.name == g => last.versions.make_mut().push(version),
             _ => groups.push(GroupDiscovery {
                 metadata: GroupMeta { name: g.into() },
-                versions: vec![version],
+                versions: vec![version].into(),
             }),
         }
     }
