@@ -37,20 +37,10 @@ pub const CHUNK: usize = 256 << 10;
 
 /// Where piece `index` of the document at `key` lives for `generation`. Two slots, by the
 /// generation's parity: the service overwrites the slot of the generation before last, so a worker
-/// still answering from its previous table finds that table's pieces intact. Each piece is
-/// [`tag_in_place`]d, so a piece from another generation is recognized.
+/// still answering from its previous table finds that table's pieces intact. Each piece starts
+/// with its generation's [`tag`], so a piece from another generation is recognized.
 pub fn chunk_key(key: &str, generation: u64, index: usize) -> String {
     format!("{key}/{}/{index}", generation % 2)
-}
-
-/// The pieces of a document: `(shared-data key, byte range)` each.
-pub fn chunks(key: &str, generation: u64, document: &[u8]) -> Vec<(String, std::ops::Range<usize>)> {
-    (0..document.len().div_ceil(CHUNK))
-        .map(|i| {
-            let start = i * CHUNK;
-            (chunk_key(key, generation, i), start..document.len().min(start + CHUNK))
-        })
-        .collect()
 }
 
 /// How many pieces a chunked document of `len` bytes has.
@@ -643,7 +633,7 @@ pub fn put_document(
     write: &mut WriteDocument,
     put: &mut dyn FnMut(&str, &[u8]) -> bool,
 ) -> bool {
-    let tag = format!("{generation}\n");
+    let tag = tag(generation);
     if !is_chunked(len) {
         let mut doc = Vec::with_capacity(usize::try_from(len).unwrap_or(0) + tag.len());
         doc.extend_from_slice(tag.as_bytes());
@@ -673,19 +663,13 @@ pub fn put_document(
     ok && written == len && put(key, tag.as_bytes())
 }
 
-/// A merged document as stored in shared data: `<generation>\n<document>`, so a reader can tell
-/// that it belongs to the table it decoded without hashing megabytes. Written without a second
-/// buffer: the document moves up inside its own allocation (which [`Snapshot::build`] sized with
-/// [`TAG_ROOM`] to spare), so publishing a large merged document never holds two copies of it.
-pub fn tag_in_place(generation: u64, document: &mut Vec<u8>) {
-    let prefix = format!("{generation}\n");
-    document.splice(0..0, prefix.bytes());
+/// What a merged document (or each of its pieces) starts with in shared data: `<generation>\n`,
+/// so a reader can tell that it belongs to the table it decoded without hashing megabytes.
+pub fn tag(generation: u64) -> String {
+    format!("{generation}\n")
 }
 
-/// Bytes [`tag_in_place`] may add: a u64 in decimal and the newline.
-pub const TAG_ROOM: usize = 21;
-
-/// The document of a [`tag_in_place`]d value if it belongs to `generation`.
+/// The document of a [`tag`]ged value if it belongs to `generation`.
 pub fn untag(generation: u64, mut value: Vec<u8>) -> Option<Vec<u8>> {
     let newline = value.iter().position(|b| *b == b'\n')?;
     let prefix = std::str::from_utf8(value.get(..newline)?).ok()?;

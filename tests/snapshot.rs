@@ -9,8 +9,8 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use kube_peer_proxy::snapshot::{
-    bucket_count, bucket_key, bucket_lookup, bucket_of, chunks, etag, group_key, put_document, resource_key,
-    subresource_key, tag_in_place, unknown_key, version_key, KeySource, ServerDiscovery, ServerRef, Table, CHUNK,
+    bucket_count, bucket_key, bucket_lookup, bucket_of, chunk_key, etag, group_key, put_document, resource_key,
+    subresource_key, tag, unknown_key, untag, version_key, KeySource, ServerDiscovery, ServerRef, Table, CHUNK,
     MAX_SERVERS, WHOLE_LIMIT,
 };
 
@@ -299,12 +299,7 @@ fn unhealthy_mask_roundtrips_and_defaults_to_zero() {
 
 #[test]
 fn tagged_documents_are_only_accepted_for_their_generation() {
-    use kube_peer_proxy::snapshot::{tag_in_place, untag};
-    let tag = |generation: u64, doc: &[u8]| {
-        let mut v = doc.to_vec();
-        tag_in_place(generation, &mut v);
-        v
-    };
+    let tag = |generation: u64, doc: &[u8]| [tag(generation).as_bytes(), doc].concat();
     let doc = br#"{"kind":"APIGroupDiscoveryList","items":[]}"#;
     let stored = tag(42, doc);
     assert_eq!(untag(42, stored.clone()).as_deref(), Some(&doc[..]));
@@ -317,36 +312,21 @@ fn tagged_documents_are_only_accepted_for_their_generation() {
 }
 
 #[test]
-fn tag_in_place_round_trips_without_a_second_buffer() {
-    use kube_peer_proxy::discovery::documents::to_v2_json_with_room;
-    use kube_peer_proxy::snapshot::{tag_in_place, untag, TAG_ROOM};
-    let doc = to_v2_json_with_room::<kube_peer_proxy::discovery::documents::GroupDiscovery>(&[], TAG_ROOM);
-    let plain = doc.clone();
-    assert!(doc.capacity() >= doc.len() + TAG_ROOM, "room for the tag");
-    for generation in [0, 7, u64::MAX] {
-        let mut d = doc.clone();
-        d.reserve_exact(TAG_ROOM);
-        let (ptr, cap) = (d.as_ptr(), d.capacity());
-        tag_in_place(generation, &mut d);
-        assert_eq!((d.as_ptr(), d.capacity()), (ptr, cap), "tagged inside its allocation");
-        assert_eq!(untag(generation, d.clone()).as_deref(), Some(plain.as_slice()));
-        assert_eq!(untag(generation.wrapping_add(1), d), None);
-    }
-}
-
-#[test]
 fn a_large_document_is_cut_into_pieces_that_cover_it_exactly() {
-    use kube_peer_proxy::snapshot::{chunk_count, chunk_key, chunks, is_chunked, CHUNK, WHOLE_LIMIT};
+    use kube_peer_proxy::snapshot::{chunk_count, is_chunked, WHOLE_LIMIT};
     assert!(!is_chunked(WHOLE_LIMIT as u64) && is_chunked(WHOLE_LIMIT as u64 + 1) && !is_chunked(0));
-    for len in [WHOLE_LIMIT + 1, 3 * CHUNK, 3 * CHUNK + 1, 10 * CHUNK - 7] {
+    let tagged = tag(7).len();
+    for len in [WHOLE_LIMIT + 1, 5 * CHUNK, 5 * CHUNK + 1, 10 * CHUNK - 7] {
         let doc: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
-        let pieces = chunks("k", 7, &doc);
-        assert_eq!(pieces.len(), chunk_count(len as u64), "{len}");
+        let (ok, puts) = put(&doc, len as u64, 7);
+        assert!(ok, "{len}");
+        // The pieces, then the tag alone under the document's key.
+        assert_eq!(puts.len(), chunk_count(len as u64) + 1, "{len}");
         let mut joined = Vec::new();
-        for (i, (key, range)) in pieces.iter().enumerate() {
+        for (i, (key, piece)) in puts.iter().take(puts.len() - 1).enumerate() {
             assert_eq!(key, &chunk_key("k", 7, i));
-            assert!(range.len() <= CHUNK && !range.is_empty());
-            joined.extend_from_slice(&doc[range.clone()]);
+            assert!(piece.len() <= CHUNK + tagged && piece.len() > tagged);
+            joined.extend_from_slice(&untag(7, piece.clone()).expect("tagged"));
         }
         assert_eq!(joined, doc, "{len}");
     }
@@ -555,21 +535,16 @@ fn a_document_is_put_as_it_is_written_in_the_pieces_a_worker_reads() {
     let small = b"{\"kind\":\"APIGroupDiscoveryList\"}".to_vec();
     let (ok, puts) = put(&small, small.len() as u64, 7);
     assert!(ok);
-    let mut tagged = small.clone();
-    tag_in_place(7, &mut tagged);
-    assert_eq!(puts, vec![("k".to_string(), tagged)]);
+    assert_eq!(puts, vec![("k".to_string(), [&b"7\n"[..], &small].concat())]);
 
-    // Large: the pieces `chunks` names, each tagged, then the tag alone under the key.
+    // Large: CHUNK-sized pieces, each tagged, then the tag alone under the key.
     let large: Vec<u8> = (0..(WHOLE_LIMIT + 3 * CHUNK + 17)).map(|i| (i % 251) as u8).collect();
     let (ok, puts) = put(&large, large.len() as u64, 8);
     assert!(ok);
-    let mut want: Vec<(String, Vec<u8>)> = chunks("k", 8, &large)
-        .into_iter()
-        .map(|(key, range)| {
-            let mut piece = large[range].to_vec();
-            tag_in_place(8, &mut piece);
-            (key, piece)
-        })
+    let mut want: Vec<(String, Vec<u8>)> = large
+        .chunks(CHUNK)
+        .enumerate()
+        .map(|(i, piece)| (chunk_key("k", 8, i), [&b"8\n"[..], piece].concat()))
         .collect();
     want.push(("k".to_string(), b"8\n".to_vec()));
     assert_eq!(puts.len(), want.len());

@@ -424,15 +424,10 @@ pub fn version_from_legacy(version: &str, list: &ApiResourceList) -> VersionDisc
 
 /// Serializes a list as an apiserver would send it (`kind`/`apiVersion` set to v2): owned groups or
 /// the merge's borrowed views (anything that serializes as a group does).
+/// Sized exactly (a counting pass first), so a large document is not left in a buffer grown by
+/// doubling.
 pub fn to_v2_json<T: Serialize>(items: &[T]) -> Vec<u8> {
-    to_v2_json_with_room(items, 0)
-}
-
-/// [`to_v2_json`] into a buffer sized exactly (measured by a first, counting pass) plus `room`
-/// spare bytes, so a large document is not left in a buffer grown by doubling (up to twice its
-/// size) and a tag can be added without copying it (see [`crate::snapshot::tag_in_place`]).
-pub fn to_v2_json_with_room<T: Serialize>(items: &[T], room: usize) -> Vec<u8> {
-    to_vec_exact(&v2_list(items), room)
+    to_vec_exact(&v2_list(items))
 }
 
 /// [`to_v2_json`] written to `w` as it is serialized, with no buffer of the whole (the discovery
@@ -473,8 +468,8 @@ impl std::io::Write for Count {
     }
 }
 
-/// JSON of `value` in a buffer of exactly its size plus `room` (a counting pass first).
-pub(crate) fn to_vec_exact<T: Serialize>(value: &T, room: usize) -> Vec<u8> {
+/// JSON of `value` in a buffer of exactly its size (a counting pass first).
+pub(crate) fn to_vec_exact<T: Serialize>(value: &T) -> Vec<u8> {
     // One writer type for both passes: the serializer is instantiated once per value type.
     fn write<T: Serialize>(w: &mut dyn std::io::Write, value: &T) -> bool {
         serde_json::to_writer(w, value).is_ok()
@@ -483,7 +478,7 @@ pub(crate) fn to_vec_exact<T: Serialize>(value: &T, room: usize) -> Vec<u8> {
     if !write(&mut count, value) {
         return Vec::new();
     }
-    let mut out = Vec::with_capacity(count.0.saturating_add(room));
+    let mut out = Vec::with_capacity(count.0);
     if !write(&mut out, value) {
         return Vec::new();
     }
@@ -513,12 +508,12 @@ impl<'a> From<&'a GroupDiscovery> for LegacyGroup<'a> {
 /// The legacy `APIGroupList` (`GET /apis` with plain JSON) equivalent of an aggregated group list:
 /// non-stale versions in preference order, the first one preferred (client-go's mapping).
 pub fn to_legacy_group_list_json(items: &[GroupDiscovery]) -> Vec<u8> {
-    legacy_group_list_json(items.iter().map(LegacyGroup::from).collect(), 0)
+    legacy_group_list_json(items.iter().map(LegacyGroup::from).collect())
 }
 
-/// [`to_legacy_group_list_json`] of groups already reduced to [`LegacyGroup`]s, with `room` spare.
-pub fn legacy_group_list_json(items: Vec<LegacyGroup>, room: usize) -> Vec<u8> {
-    to_vec_exact(&legacy_list(&items), room)
+/// [`to_legacy_group_list_json`] of groups already reduced to [`LegacyGroup`]s.
+pub fn legacy_group_list_json(items: Vec<LegacyGroup>) -> Vec<u8> {
+    to_vec_exact(&legacy_list(&items))
 }
 
 /// [`legacy_group_list_json`] written to `w` (see [`write_v2_json`]).
