@@ -189,10 +189,20 @@ fn run() -> Result<(), String> {
         published = published.or(step.publish);
     }
     let round_peak = peak() - base;
-    let p = published.ok_or("the round published no snapshot")?;
+    let mut p = published.ok_or("the round published no snapshot")?;
     let held_with_publish = live() - base;
     // The publish, as src/wasm/service.rs makes it: entries, documents, head.
     let entries: usize = p.table.entries().map(|(k, v)| k.len() + v.len()).sum();
+    let keys = p.table.keys.len();
+    let steps = std::env::var_os("MEM_PROBE_STEPS").is_some();
+    if steps {
+        eprintln!(
+            "publish entries: live {} MiB, peak {} MiB",
+            mib(live() - base),
+            mib(peak() - base)
+        );
+    }
+    p.table.keep_head_keys_only();
     let head = p.table.encode_head().len();
     let mut docs = 0usize;
     for doc in snapshot::MERGED_DOCS {
@@ -205,8 +215,14 @@ fn run() -> Result<(), String> {
         if !put {
             return Err(format!("{key} was not written as measured"));
         }
+        if steps {
+            eprintln!(
+                "publish {key}: live {} MiB, peak {} MiB",
+                mib(live() - base),
+                mib(peak() - base)
+            );
+        }
     }
-    let keys = p.table.keys.len();
     drop(p);
     let publish_peak = peak() - base;
     let retained = live() - base;

@@ -233,20 +233,50 @@ pub fn bucket_lookup(version: u64, value: &[u8], key: &str) -> Option<u64> {
     Some(0)
 }
 
+/// A table key: its parts joined by `/`, written into `buf` (cleared first).
+fn key_into(buf: &mut String, parts: &[&str]) {
+    buf.clear();
+    for (i, p) in parts.iter().enumerate() {
+        if i > 0 {
+            buf.push('/');
+        }
+        buf.push_str(p);
+    }
+}
+
+fn key(parts: &[&str]) -> String {
+    let mut k = String::new();
+    key_into(&mut k, parts);
+    k
+}
+
 pub fn resource_key(group: &str, version: &str, resource: &str) -> String {
-    format!("r/{group}/{version}/{resource}")
+    key(&["r", group, version, resource])
 }
 
 pub fn subresource_key(group: &str, version: &str, resource: &str, sub: &str) -> String {
-    format!("s/{group}/{version}/{resource}/{sub}")
+    key(&["s", group, version, resource, sub])
 }
 
 pub fn version_key(group: &str, version: &str) -> String {
-    format!("v/{group}/{version}")
+    key(&["v", group, version])
 }
 
 pub fn group_key(group: &str) -> String {
-    format!("g/{group}")
+    key(&["g", group])
+}
+
+/// Adds `bit` to the key of `parts`, formatting it in a reused buffer: a key every member serves
+/// is allocated once, not once per member and dropped again (in a wasm VM, whose linear memory
+/// keeps every peak, the dropped copies left holes between the keys kept).
+fn add_key(keys: &mut BTreeMap<String, u64>, buf: &mut String, parts: &[&str], bit: u64) {
+    key_into(buf, parts);
+    match keys.get_mut(buf.as_str()) {
+        Some(bits) => *bits |= bit,
+        None => {
+            keys.insert(buf.as_str().to_owned(), bit);
+        }
+    }
 }
 
 /// Members whose resources in `group` (and `version`, if not empty) are unknown.
@@ -288,6 +318,7 @@ impl Table {
     /// Builds the table from every member, in the order given.
     pub fn build_members(members: &[Member]) -> Table {
         let mut keys: BTreeMap<String, u64> = BTreeMap::new();
+        let mut buf = String::new();
         let mut t = Table::default();
         for (i, m) in members.iter().enumerate().take(MAX_SERVERS) {
             let bit = bit(i);
@@ -304,13 +335,18 @@ impl Table {
                 for g in docs {
                     let group = g.metadata.name.as_str();
                     for v in g.versions.iter().filter(|v| !v.is_stale()) {
-                        *keys.entry(group_key(group)).or_default() |= bit;
-                        *keys.entry(version_key(group, &v.version)).or_default() |= bit;
+                        let version = v.version.as_str();
+                        add_key(&mut keys, &mut buf, &["g", group], bit);
+                        add_key(&mut keys, &mut buf, &["v", group, version], bit);
                         for r in &v.resources {
-                            *keys.entry(resource_key(group, &v.version, &r.resource)).or_default() |= bit;
+                            add_key(&mut keys, &mut buf, &["r", group, version, &r.resource], bit);
                             for s in &r.subresources {
-                                let k = subresource_key(group, &v.version, &r.resource, &s.subresource);
-                                *keys.entry(k).or_default() |= bit;
+                                add_key(
+                                    &mut keys,
+                                    &mut buf,
+                                    &["s", group, version, &r.resource, &s.subresource],
+                                    bit,
+                                );
                             }
                         }
                     }
@@ -384,14 +420,16 @@ impl Table {
     /// slot, version and bucket count; empty buckets are not written (a missing bucket has no key).
     pub fn entries(&self) -> impl Iterator<Item = (String, Vec<u8>)> + '_ {
         let buckets = self.keys_buckets;
-        let mut keys: Vec<(u32, &str, u64)> = self
-            .keys
-            .iter()
-            .filter(|(k, _)| !k.starts_with(UNKNOWN_PREFIX))
-            .map(|(k, v)| (bucket_of(k, buckets), k.as_str(), *v))
-            .collect();
-        // Stable: keys stay in order within a bucket.
-        keys.sort_by_key(|(b, _, _)| *b);
+        // `&String`, not `&str`: a thin pointer keeps this 16 bytes a key in a wasm32 VM, and an
+        // unstable sort needs no second buffer (keys are unique, so the order is still one).
+        let mut keys: Vec<(u32, &String, u64)> = Vec::with_capacity(self.keys.len());
+        keys.extend(
+            self.keys
+                .iter()
+                .filter(|(k, _)| !k.starts_with(UNKNOWN_PREFIX))
+                .map(|(k, v)| (bucket_of(k, buckets), k, *v)),
+        );
+        keys.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
         let mut rest = keys.into_iter().peekable();
         std::iter::from_fn(move || {
             let (index, key, servers) = rest.next()?;
@@ -418,6 +456,13 @@ impl Table {
     /// Bit of the local server (0 if it is not a member, which only hand-built tables do).
     pub fn local_mask(&self) -> u64 {
         self.servers.iter().position(|s| s.local).map(bit).unwrap_or(0)
+    }
+
+    /// Drops the keys that are published as buckets once they are ([`Table::entries`]); the `u/`
+    /// keys, which the head carries, stay. The discovery service writes the merged documents after
+    /// the buckets, so their serialization reuses the keys' memory instead of adding to it.
+    pub fn keep_head_keys_only(&mut self) {
+        self.keys.retain(|k, _| k.starts_with(UNKNOWN_PREFIX));
     }
 
     /// The whole table, keys included (deterministic: fingerprints and tests compare bytes).
@@ -590,9 +635,12 @@ impl Snapshot {
     /// build time are the caller's. The merged documents are written only when published
     /// ([`MergedSource::write`]).
     pub fn build(members: &[Member], merged: MergedSource, membership_unknown: bool) -> Snapshot {
+        // Measured before the keys exist: a merge's transient views and the table's keys are the
+        // two large things a build makes, and the VM's linear memory keeps whatever peak they reach
+        // together.
+        let [apis, api, legacy] = MERGED_DOCS.map(|d| merged.measure(d));
         let mut table = Table::build_members(members);
         table.membership_unknown = membership_unknown;
-        let [apis, api, legacy] = MERGED_DOCS.map(|d| merged.measure(d));
         table.merged_lengths = [apis.0, api.0, legacy.0];
         (table.apis_etag, table.api_etag, table.apis_legacy_etag) = (apis.1, api.1, legacy.1);
         Snapshot {

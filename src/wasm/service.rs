@@ -135,11 +135,14 @@ impl Service {
         }
     }
 
-    fn publish(&mut self, p: Publish) {
+    fn publish(&mut self, mut p: Publish) {
         let generation = p.table.generation;
         // Entries (only for a new key set) and documents first, then the head, generation last.
         // A document is written into shared data as it is serialized (see `snapshot::put_document`).
-        let ok = (!p.keys_changed || p.table.entries().all(|(key, value)| host::set_shared(&key, &value)))
+        let entries = !p.keys_changed || p.table.entries().all(|(key, value)| host::set_shared(&key, &value));
+        let keys = p.table.keys.len();
+        p.table.keep_head_keys_only();
+        let ok = entries
             && snapshot::MERGED_DOCS.iter().all(|doc| {
                 let (key, index) = crate::request::response::merged_source(*doc);
                 let len = p.table.merged_lengths.get(index).copied().unwrap_or(0);
@@ -158,7 +161,7 @@ impl Service {
             log::info!(
                 "kube-peer-proxy: published snapshot generation {} ({} keys; members: {})",
                 p.table.generation,
-                p.table.keys.len(),
+                keys,
                 names.join(", ")
             );
             self.metrics
