@@ -265,9 +265,9 @@ fn synth_groups(groups: usize, versions: usize, resources: usize) -> Vec<GroupDi
                                         response_kind: Some(gvk.clone()),
                                         scope: "Namespaced".into(),
                                         singular_resource: format!("kind{r:02}").into(),
-                                        verbs: verbs.clone(),
-                                        short_names: Vec::new(),
-                                        categories: vec!["all".into()],
+                                        verbs: verbs.clone().into(),
+                                        short_names: Vec::new().into(),
+                                        categories: vec!["all".into()].into(),
                                         subresources: vec![SubresourceDiscovery {
                                             subresource: "status".into(),
                                             response_kind: Some(gvk),
@@ -276,7 +276,8 @@ fn synth_groups(groups: usize, versions: usize, resources: usize) -> Vec<GroupDi
                                                 "get".into(),
                                                 "patch".to_string().into(),
                                                 "update".to_string().into(),
-                                            ],
+                                            ]
+                                            .into(),
                                         }],
                                     }
                                 })

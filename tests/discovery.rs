@@ -187,14 +187,14 @@ fn roundtrip_fixtures_v2_and_v2beta1() {
             response_kind: Some(gvk()),
             scope: "scopeValue".into(),
             singular_resource: "singularResourceValue".into(),
-            verbs: vec!["verbsValue".into()],
-            short_names: vec!["shortNamesValue".into()],
-            categories: vec!["categoriesValue".into()],
+            verbs: vec!["verbsValue".into()].into(),
+            short_names: vec!["shortNamesValue".into()].into(),
+            categories: vec!["categoriesValue".into()].into(),
             subresources: vec![SubresourceDiscovery {
                 subresource: "subresourceValue".into(),
                 response_kind: Some(gvk()),
                 accepted_types: vec![gvk()],
-                verbs: vec!["verbsValue".into()],
+                verbs: vec!["verbsValue".into()].into(),
             }],
         };
         assert_eq!(v.resources, vec![want], "{file}");
@@ -593,9 +593,9 @@ fn to_v2_json_field_order_and_omitempty() {
                 }),
                 scope: "Namespaced".into(),
                 singular_resource: "pod".into(),
-                verbs: vec!["get".into(), "list".into()],
-                short_names: vec!["po".into()],
-                categories: vec!["all".into()],
+                verbs: vec!["get".into(), "list".into()].into(),
+                short_names: vec!["po".into()].into(),
+                categories: vec!["all".into()].into(),
                 subresources: vec![SubresourceDiscovery {
                     subresource: "eviction".into(),
                     response_kind: Some(Gvk {
@@ -608,7 +608,7 @@ fn to_v2_json_field_order_and_omitempty() {
                         version: "v1".into(),
                         kind: "Eviction".into(),
                     }],
-                    verbs: vec!["create".into()],
+                    verbs: vec!["create".into()].into(),
                 }],
             }],
             freshness: "Current".into(),
@@ -871,6 +871,14 @@ fn a_parsed_document_shares_its_repeated_strings_and_serializes_unchanged() {
             .any(|s| s.response_kind.as_ref().map(|k| at(&k.kind)) == kind)
     });
     assert!(kinds_shared);
+    // Equal verb lists are one block too: a document has a few distinct ones.
+    let lists: BTreeSet<*const u8> = resources.iter().map(|r| r.verbs.as_ptr().cast()).collect();
+    let distinct: BTreeSet<Vec<String>> = resources
+        .iter()
+        .map(|r| r.verbs.iter().map(|v| v.to_string()).collect())
+        .collect();
+    assert_eq!(lists.len(), distinct.len());
+    assert!(lists.len() * 4 < resources.len(), "{} lists", lists.len());
     // The pool lives only for one parse: a second parse shares nothing with the first.
     let again = parse_aggregated(&body).expect("1.37 again");
     let first = |l: &GroupDiscoveryList| l.items.first().map(|g| at(&g.metadata.name));
@@ -902,18 +910,14 @@ fn every_list_of_a_parsed_document_is_exactly_its_length() {
             for v in &g.versions {
                 check("resources", v.resources.len(), v.resources.capacity());
                 for r in &v.resources {
-                    check("verbs", r.verbs.len(), r.verbs.capacity());
-                    check("shortNames", r.short_names.len(), r.short_names.capacity());
-                    check("categories", r.categories.len(), r.categories.capacity());
                     check("subresources", r.subresources.len(), r.subresources.capacity());
                     for s in &r.subresources {
-                        check("subresource verbs", s.verbs.len(), s.verbs.capacity());
                         check("acceptedTypes", s.accepted_types.len(), s.accepted_types.capacity());
                     }
                 }
             }
         }
-        assert!(lists > 300, "{lists}");
+        assert!(lists > 100, "{lists}");
     }
 }
 

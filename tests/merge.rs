@@ -6,7 +6,7 @@ mod common;
 use common::{
     fixture, fixture_json, group, json_gvrs, json_subresources, res, stale, strings, sub, ver, AGG_133, AGG_137,
 };
-use kube_peer_proxy::discovery::documents::{parse_aggregated, to_v2_json, GroupDiscovery, Gvk};
+use kube_peer_proxy::discovery::documents::{parse_aggregated, to_v2_json, GroupDiscovery, Gvk, Strs};
 use kube_peer_proxy::discovery::merge::{merge_groups, merge_preserving_relative_order};
 
 #[test]
@@ -141,20 +141,20 @@ fn versions_union_and_order() {
 #[test]
 fn resource_capabilities() {
     let mut a_res = res("widgets", &["status"]);
-    a_res.verbs = strings(&["watch", "get", "list"]);
+    a_res.verbs = Strs::from(strings(&["watch", "get", "list"]));
     a_res.singular_resource = "widget".into();
-    a_res.short_names = strings(&["wd"]);
-    a_res.categories = Vec::new();
+    a_res.short_names = Strs::from(strings(&["wd"]));
+    a_res.categories = Vec::new().into();
     a_res.scope = "".into();
     a_res.response_kind = None;
     if let Some(s) = a_res.subresources.first_mut() {
-        s.verbs = strings(&["get"]);
+        s.verbs = Strs::from(strings(&["get"]));
     }
     let mut b_res = res("widgets", &["scale", "resize", "status"]);
-    b_res.verbs = strings(&["create", "get", "delete"]);
+    b_res.verbs = Strs::from(strings(&["create", "get", "delete"]));
     b_res.singular_resource = "other".into();
-    b_res.short_names = strings(&["zz"]);
-    b_res.categories = strings(&["all"]);
+    b_res.short_names = Strs::from(strings(&["zz"]));
+    b_res.categories = Strs::from(strings(&["all"]));
     b_res.scope = "Cluster".into();
     b_res.response_kind = Some(Gvk {
         group: "".into(),
@@ -172,7 +172,7 @@ fn resource_capabilities() {
         .expect("widgets");
     assert_eq!(
         r.verbs,
-        strings(&["create", "delete", "get", "list", "watch"]),
+        Strs::from(strings(&["create", "delete", "get", "list", "watch"])),
         "verbs: sorted union"
     );
     let subs: Vec<&str> = r.subresources.iter().map(|s| s.subresource.as_str()).collect();
@@ -184,14 +184,18 @@ fn resource_capabilities() {
         .expect("status");
     assert_eq!(
         status.verbs,
-        strings(&["get"]),
+        Strs::from(strings(&["get"])),
         "the first server wins on a subresource clash (deliberate)"
     );
     assert_eq!(r.singular_resource, "widget", "first server's metadata wins");
-    assert_eq!(r.short_names, strings(&["wd"]), "first server's metadata wins");
+    assert_eq!(
+        r.short_names,
+        Strs::from(strings(&["wd"])),
+        "first server's metadata wins"
+    );
     assert_eq!(
         r.categories,
-        strings(&["all"]),
+        Strs::from(strings(&["all"])),
         "empty fields are filled from the second server"
     );
     assert_eq!(r.scope, "Cluster", "empty fields are filled from the second server");
@@ -201,7 +205,7 @@ fn resource_capabilities() {
 #[test]
 fn identical_resources_are_kept_as_is() {
     let mut r = res("widgets", &["status"]);
-    r.verbs = strings(&["watch", "get"]); // unsorted on purpose: identical resources are not touched
+    r.verbs = Strs::from(strings(&["watch", "get"])); // unsorted on purpose: identical resources are not touched
     let a = vec![group("x.io", vec![ver("v1", vec![r.clone()])])];
     let b = vec![group("x.io", vec![ver("v1", vec![r.clone()])])];
     let merged = merge_groups(&[&a, &b]);
@@ -273,7 +277,7 @@ fn subresource_verbs_do_not_merge() {
     a_res.subresources = vec![sub("status", &["get"])];
     let mut b_res = res("widgets", &[]);
     b_res.subresources = vec![sub("status", &["patch"])];
-    b_res.verbs = strings(&["create"]);
+    b_res.verbs = Strs::from(strings(&["create"]));
     let a = vec![group("x.io", vec![ver("v1", vec![a_res])])];
     let b = vec![group("x.io", vec![ver("v1", vec![b_res])])];
     let merged = merge_groups(&[&a, &b]);
@@ -282,7 +286,10 @@ fn subresource_verbs_do_not_merge() {
         .and_then(|g| g.versions.first())
         .and_then(|v| v.resources.first())
         .expect("widgets");
-    assert_eq!(r.subresources.first().map(|s| s.verbs.clone()), Some(strings(&["get"])));
+    assert_eq!(
+        r.subresources.first().map(|s| s.verbs.clone()),
+        Some(Strs::from(strings(&["get"])))
+    );
 }
 
 #[test]

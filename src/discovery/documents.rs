@@ -11,7 +11,7 @@ use std::rc::Rc;
 
 use serde::{Deserialize, Serialize};
 
-pub use super::interned::Str;
+pub use super::interned::{Str, Strs};
 
 fn is_empty(s: &Str) -> bool {
     s.is_empty()
@@ -194,17 +194,12 @@ pub struct ResourceDiscovery {
     pub scope: Str,
     #[serde(rename = "singularResource", default)]
     pub singular_resource: Str,
-    #[serde(default, deserialize_with = "compact")]
-    pub verbs: Vec<Str>,
-    #[serde(
-        rename = "shortNames",
-        default,
-        skip_serializing_if = "Vec::is_empty",
-        deserialize_with = "compact"
-    )]
-    pub short_names: Vec<Str>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "compact")]
-    pub categories: Vec<Str>,
+    #[serde(default)]
+    pub verbs: Strs,
+    #[serde(rename = "shortNames", default, skip_serializing_if = "Strs::is_empty")]
+    pub short_names: Strs,
+    #[serde(default, skip_serializing_if = "Strs::is_empty")]
+    pub categories: Strs,
     #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "compact")]
     pub subresources: Vec<SubresourceDiscovery>,
 }
@@ -222,8 +217,8 @@ pub struct SubresourceDiscovery {
         deserialize_with = "compact"
     )]
     pub accepted_types: Vec<Gvk>,
-    #[serde(default, deserialize_with = "compact")]
-    pub verbs: Vec<Str>,
+    #[serde(default)]
+    pub verbs: Strs,
 }
 
 /// Legacy `APIVersions` (`GET /api`).
@@ -385,9 +380,9 @@ pub fn version_from_legacy(version: &str, list: &ApiResourceList) -> VersionDisc
             }),
             scope: if r.namespaced { "Namespaced" } else { "Cluster" }.into(),
             singular_resource: r.singular_name.clone(),
-            verbs: r.verbs.clone(),
-            short_names: r.short_names.clone(),
-            categories: r.categories.clone(),
+            verbs: r.verbs.clone().into(),
+            short_names: r.short_names.clone().into(),
+            categories: r.categories.clone().into(),
             subresources: Vec::new(),
         });
     }
@@ -403,7 +398,7 @@ pub fn version_from_legacy(version: &str, list: &ApiResourceList) -> VersionDisc
                 kind: r.kind.clone(),
             }),
             accepted_types: Vec::new(),
-            verbs: r.verbs.clone(),
+            verbs: r.verbs.clone().into(),
         };
         match resources.iter_mut().find(|p| p.resource == parent) {
             Some(p) => p.subresources.push(sub),

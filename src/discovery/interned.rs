@@ -20,6 +20,7 @@ pub struct Str(Rc<str>);
 
 thread_local! {
     static POOL: RefCell<Option<HashSet<Rc<str>>>> = const { RefCell::new(None) };
+    static LISTS: RefCell<Option<HashSet<Rc<[Str]>>>> = const { RefCell::new(None) };
     static EMPTY: Rc<str> = Rc::from("");
 }
 
@@ -27,8 +28,10 @@ thread_local! {
 /// equal one deserialized before it in the same run. Nests (the inner run has its own pool).
 pub fn interning<T>(f: impl FnOnce() -> T) -> T {
     let outer = POOL.with(|p| p.borrow_mut().replace(HashSet::new()));
+    let outer_lists = LISTS.with(|p| p.borrow_mut().replace(HashSet::new()));
     let out = f();
     POOL.with(|p| *p.borrow_mut() = outer);
+    LISTS.with(|p| *p.borrow_mut() = outer_lists);
     out
 }
 
@@ -161,5 +164,87 @@ impl<'de> serde::Deserialize<'de> for Str {
             }
         }
         d.deserialize_str(V)
+    }
+}
+
+/// An immutable list of [`Str`]s (a resource's verbs, short names, categories), interned like
+/// them: 20 000 CRD resources have a handful of distinct verb lists, and as a `Vec` each cost a
+/// heap block of its own, most of what a parsed resource holds after the strings were shared.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Strs(Rc<[Str]>);
+
+impl Strs {
+    /// `list`, shared with an equal list from the pool of a running [`interning`] (if any).
+    pub fn intern(list: Vec<Str>) -> Strs {
+        if list.is_empty() {
+            return Strs::default();
+        }
+        LISTS.with(|p| match p.borrow_mut().as_mut() {
+            Some(pool) => match pool.get(list.as_slice()) {
+                Some(found) => Strs(found.clone()),
+                None => {
+                    let new: Rc<[Str]> = Rc::from(list);
+                    pool.insert(new.clone());
+                    Strs(new)
+                }
+            },
+            None => Strs(Rc::from(list)),
+        })
+    }
+
+    /// For serde's `skip_serializing_if`.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl Deref for Strs {
+    type Target = [Str];
+    fn deref(&self) -> &[Str] {
+        &self.0
+    }
+}
+
+impl From<Vec<Str>> for Strs {
+    fn from(v: Vec<Str>) -> Strs {
+        Strs::intern(v)
+    }
+}
+
+impl FromIterator<Str> for Strs {
+    fn from_iter<I: IntoIterator<Item = Str>>(i: I) -> Strs {
+        Strs::intern(i.into_iter().collect())
+    }
+}
+
+impl<'a> IntoIterator for &'a Strs {
+    type Item = &'a Str;
+    type IntoIter = std::slice::Iter<'a, Str>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl PartialEq<Vec<&str>> for Strs {
+    fn eq(&self, other: &Vec<&str>) -> bool {
+        self.0.len() == other.len() && self.0.iter().zip(other).all(|(a, b)| a == b)
+    }
+}
+
+impl fmt::Debug for Strs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.0.iter()).finish()
+    }
+}
+
+impl serde::Serialize for Strs {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Strs {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Strs, D::Error> {
+        Vec::<Str>::deserialize(d).map(Strs::intern)
     }
 }

@@ -30,7 +30,7 @@ pub fn sub(name: &str, verbs: &[&str]) -> SubresourceDiscovery {
         subresource: name.into(),
         response_kind: None,
         accepted_types: Vec::new(),
-        verbs: strings(verbs),
+        verbs: strings(verbs).into(),
     }
 }
 
@@ -45,9 +45,9 @@ pub fn res(name: &str, subs: &[&str]) -> ResourceDiscovery {
         }),
         scope: "Namespaced".into(),
         singular_resource: name.trim_end_matches('s').into(),
-        verbs: strings(&["get", "list", "watch"]),
-        short_names: Vec::new(),
-        categories: Vec::new(),
+        verbs: strings(&["get", "list", "watch"]).into(),
+        short_names: Vec::new().into(),
+        categories: Vec::new().into(),
         subresources: subs.iter().map(|s| sub(s, &["get", "patch", "update"])).collect(),
     }
 }
