@@ -7,12 +7,15 @@
 //!   of every member, the merge, and the snapshot it publishes.
 //!
 //! Shared by both: [`config`], [`snapshot`] (the serving table the discovery walk publishes and the
-//! request walk reads), [`passive_health`] (marks written by one walk, cleared by the other),
-//! [`metrics`] (names) and [`PEER_PROXIED_HEADER`]. `wasm` holds the thin proxy-wasm adapters that
+//! request walk reads, with [`entry_cache`], the entries a worker looked up lately), [`passive_health`] (marks written by one walk, cleared by the other),
+//! [`metrics`] (names), [`header_map`] (the ABI's serialized headers, read in place) and
+//! [`PEER_PROXIED_HEADER`]. `wasm` holds the thin proxy-wasm adapters that
 //! carry out their steps with host calls: the HTTP filter, the discovery service, the peer gate.
 
 pub mod config;
 pub mod discovery;
+pub mod entry_cache;
+pub mod header_map;
 pub mod metrics;
 pub mod passive_health;
 pub mod request;

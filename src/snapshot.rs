@@ -15,6 +15,7 @@ use std::rc::Rc;
 use serde::{Deserialize, Serialize};
 
 use crate::discovery::documents::GroupDiscovery;
+use crate::entry_cache::EntryCache;
 use crate::request::routing::MergedDoc;
 
 /// Shared-data keys. Values are written table/documents first and generation last.
@@ -123,6 +124,9 @@ pub struct Table {
     /// Where [`Table::servers_for`] looks keys up.
     #[serde(skip)]
     pub key_source: KeySource,
+    /// What a filter VM looked up lately in shared data (see [`EntryCache`]).
+    #[serde(skip)]
+    pub looked_up: EntryCache,
     /// Members whose `/api` (core group) has been learned at least once.
     #[serde(default)]
     pub known_core: u64,
@@ -199,7 +203,34 @@ pub fn bucket_of(key: &str, buckets: u32) -> u32 {
 /// (the host has no delete): a bucket of an earlier key set keeps that set's version, which
 /// [`bucket_lookup`] does not accept.
 pub fn bucket_key(slot: u8, index: u32) -> String {
-    format!("{KEY_ENTRY_PREFIX}/{slot}/{index}")
+    // Written out rather than `format!`: a filter VM builds one per lookup it does not remember.
+    let mut key = String::with_capacity(KEY_ENTRY_PREFIX.len() + 16);
+    key.push_str(KEY_ENTRY_PREFIX);
+    key.push('/');
+    push_decimal(&mut key, u64::from(slot));
+    key.push('/');
+    push_decimal(&mut key, u64::from(index));
+    key
+}
+
+/// Appends `n` in decimal.
+fn push_decimal(out: &mut String, n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut n = n;
+    loop {
+        at -= 1;
+        if let Some(d) = digits.get_mut(at) {
+            *d = b'0' + (n % 10) as u8;
+        }
+        n /= 10;
+        if n == 0 || at == 0 {
+            break;
+        }
+    }
+    for d in digits.iter().skip(at) {
+        out.push(char::from(*d));
+    }
 }
 
 /// A bucket's value: the key set's version (u64), then per key its length (u32), its bytes and its
@@ -248,6 +279,31 @@ fn key(parts: &[&str]) -> String {
     let mut k = String::new();
     key_into(&mut k, parts);
     k
+}
+
+/// A table key by its parts, written out only into a buffer (see [`Table::servers_for_key`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Key<'a> {
+    /// [`group_key`]
+    Group(&'a str),
+    /// [`version_key`]
+    Version(&'a str, &'a str),
+    /// [`resource_key`]
+    Resource(&'a str, &'a str, &'a str),
+    /// [`subresource_key`]
+    Subresource(&'a str, &'a str, &'a str, &'a str),
+}
+
+impl Key<'_> {
+    /// The key's text into `buf` (cleared first).
+    pub fn write(&self, buf: &mut String) {
+        match *self {
+            Key::Group(g) => key_into(buf, &["g", g]),
+            Key::Version(g, v) => key_into(buf, &["v", g, v]),
+            Key::Resource(g, v, r) => key_into(buf, &["r", g, v, r]),
+            Key::Subresource(g, v, r, s) => key_into(buf, &["s", g, v, r, s]),
+        }
+    }
 }
 
 pub fn resource_key(group: &str, version: &str, resource: &str) -> String {
@@ -401,19 +457,31 @@ impl Table {
         self.membership_unknown
             || self.servers.is_empty()
             || self.members() & !self.known(group) != 0
-            || self.servers_for(&unknown_key(group, version)) != 0
+            // No keys at all (a filter VM's head whose members' resources are all known): no `u/` key
+            // either, and no key to format per request.
+            || (!self.keys.is_empty() && self.servers_for(&unknown_key(group, version)) != 0)
     }
 
     /// Servers (bit set) that serve `key`; 0 when nobody does. A filter VM's head reads the
-    /// entry from shared data (one host call; see [`bucket_key`]).
+    /// entry from shared data (one host call; see [`bucket_key`]), or remembers it from an earlier
+    /// request (see [`EntryCache`]).
     pub fn servers_for(&self, key: &str) -> u64 {
         match self.key_source {
             KeySource::InTable => self.keys.get(key).copied().unwrap_or(0),
             KeySource::Shared(_) if key.starts_with(UNKNOWN_PREFIX) => self.keys.get(key).copied().unwrap_or(0),
-            KeySource::Shared(read) => read(&bucket_key(self.keys_slot, bucket_of(key, self.keys_buckets)))
-                .and_then(|v| bucket_lookup(self.keys_version, &v, key))
-                .unwrap_or(0),
+            KeySource::Shared(read) => self.looked_up.get_or_read(key, |key| {
+                read(&bucket_key(self.keys_slot, bucket_of(key, self.keys_buckets)))
+                    .and_then(|v| bucket_lookup(self.keys_version, &v, key))
+            }),
         }
+    }
+
+    /// [`Table::servers_for`] of `key`, written into a buffer this table keeps: a request routes
+    /// without allocating its keys.
+    pub fn servers_for_key(&self, key: &Key) -> u64 {
+        let mut buf = self.looked_up.scratch();
+        key.write(&mut buf);
+        self.servers_for(&buf)
     }
 
     /// The shared-data buckets of this table's keys (the `u/` keys stay in the head), for its

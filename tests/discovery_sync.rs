@@ -251,7 +251,7 @@ fn answer(s: &mut Syncer, fake: &Fake, mut queue: VecDeque<Fetch>, now: u64, r: 
     }
 }
 
-fn route(t: &Table, method: &str, path: &str) -> Decision {
+fn route<'a>(t: &Table, method: &'a str, path: &'a str) -> Decision<'a> {
     let facts = RequestFacts {
         method,
         path,
@@ -262,25 +262,25 @@ fn route(t: &Table, method: &str, path: &str) -> Decision {
     decide(&facts, Some(t), true, &mut pick)
 }
 
-fn to(index: usize, g: &str, v: &str, r: &str) -> Decision {
+fn to(index: usize, g: &str, v: &str, r: &str) -> Decision<'static> {
     Decision::Peer {
         index,
         gvr: Gvr {
-            group: g.into(),
-            version: v.into(),
-            resource: r.into(),
+            group: g.to_string().into(),
+            version: v.to_string().into(),
+            resource: r.to_string().into(),
         },
     }
 }
 
 /// Local, with a "type not served here" 404 guarded (a peer serves it too, or the picture is incomplete).
-fn guarded(reason: LocalReason, g: &str, v: &str, r: &str) -> Decision {
+fn guarded(reason: LocalReason, g: &str, v: &str, r: &str) -> Decision<'static> {
     Decision::Guarded {
         reason,
         gvr: Gvr {
-            group: g.into(),
-            version: v.into(),
-            resource: r.into(),
+            group: g.to_string().into(),
+            version: v.to_string().into(),
+            resource: r.to_string().into(),
         },
     }
 }
@@ -366,7 +366,7 @@ fn completed_round_publishes_a_routable_snapshot() {
         name: &'static str,
         method: &'static str,
         path: &'static str,
-        want: Decision,
+        want: Decision<'static>,
     }
     let rows = [
         R {

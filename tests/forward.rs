@@ -42,7 +42,7 @@ fn server(cluster: &str, address: Option<&str>) -> ServerRef {
     }
 }
 
-fn gvr() -> Gvr {
+fn gvr() -> Gvr<'static> {
     Gvr {
         group: "apps".into(),
         version: "v1".into(),

@@ -27,9 +27,9 @@ fn q(path: &str, name: Option<&str>, g: &str, v: &str, r: &str) -> Question {
         path: path.into(),
         name: name.map(str::to_string),
         gvr: Gvr {
-            group: g.into(),
-            version: v.into(),
-            resource: r.into(),
+            group: g.to_string().into(),
+            version: v.to_string().into(),
+            resource: r.to_string().into(),
         },
     }
 }
@@ -249,7 +249,7 @@ fn members(peers: usize, local_serves: bool) -> Table {
     Table::build(&servers)
 }
 
-fn widgets(mode: Mode) -> Guard {
+fn widgets(mode: Mode) -> Guard<'static> {
     Guard {
         mode,
         subject: Subject {
@@ -258,7 +258,7 @@ fn widgets(mode: Mode) -> Guard {
                 version: "v1".into(),
                 resource: "widgets".into(),
             },
-            subresource: String::new(),
+            subresource: "".into(),
             kind: Kind::Resource,
         },
     }
@@ -504,9 +504,9 @@ fn a_document_404_is_about_the_type() {
             gvr: Gvr {
                 group: "x.io".into(),
                 version: "v1".into(),
-                resource: String::new(),
+                resource: "".into(),
             },
-            subresource: String::new(),
+            subresource: "".into(),
             kind: Kind::Document,
         },
     };

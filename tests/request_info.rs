@@ -495,7 +495,7 @@ fn field_selector_name() {
         let path = format!("/api/v1/namespaces/ns1/pods{}", row.query);
         match parse("GET", &path) {
             RequestKind::Resource(r) => {
-                assert_eq!((r.verb.as_str(), r.name.as_str()), (row.verb, row.name), "{}", row.desc);
+                assert_eq!((r.verb, r.name.as_ref()), (row.verb, row.name), "{}", row.desc);
             }
             other => panic!("{}: {other:?}", row.desc),
         }

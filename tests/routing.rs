@@ -54,23 +54,23 @@ fn table() -> Table {
     t
 }
 
-fn gvr(g: &str, v: &str, r: &str) -> Gvr {
+fn gvr(g: &str, v: &str, r: &str) -> Gvr<'static> {
     Gvr {
-        group: g.into(),
-        version: v.into(),
-        resource: r.into(),
+        group: g.to_string().into(),
+        version: v.to_string().into(),
+        resource: r.to_string().into(),
     }
 }
 
 /// Local, with a "type not served here" 404 turned into a 503.
-fn guarded(reason: LocalReason, g: &str, v: &str, r: &str) -> Decision {
+fn guarded(reason: LocalReason, g: &str, v: &str, r: &str) -> Decision<'static> {
     Decision::Guarded {
         reason,
         gvr: gvr(g, v, r),
     }
 }
 
-fn peer(index: usize, g: &str, v: &str, r: &str) -> Decision {
+fn peer(index: usize, g: &str, v: &str, r: &str) -> Decision<'static> {
     Decision::Peer {
         index,
         gvr: gvr(g, v, r),
@@ -86,7 +86,7 @@ struct Row {
     /// Whether a snapshot exists.
     table: bool,
     merged_discovery: bool,
-    want: Decision,
+    want: Decision<'static>,
 }
 
 impl Default for Row {
@@ -779,7 +779,7 @@ fn unhealthy_peers_are_not_routed_to() {
         name: &'static str,
         path: &'static str,
         down: &'static [usize],
-        want: Decision,
+        want: Decision<'static>,
         asked: &'static [usize],
     }
     let rows = [
@@ -946,7 +946,7 @@ fn membership_is_separate_from_freshness() {
         states: [MemberState; 3],
         membership_unknown: bool,
         path: &'static str,
-        want: Decision,
+        want: Decision<'static>,
     }
     let never_learned = || MemberState {
         core_known: false,
@@ -1258,12 +1258,12 @@ fn the_guard_travels_with_the_decision() {
     use Mode::{Strict, Verified};
     let subject = |g: &str, v: &str, r: &str, sub: &str, kind| Subject {
         gvr: gvr(g, v, r),
-        subresource: sub.into(),
+        subresource: sub.to_string().into(),
         kind,
     };
     let mut down = table();
     down.unhealthy = 1 << PEER_B;
-    type GuardRow<'a> = (&'a str, Option<&'a Table>, Decision, Option<(Mode, Subject)>);
+    type GuardRow<'a> = (&'a str, Option<&'a Table>, Decision<'static>, Option<(Mode, Subject<'static>)>);
     let (t, none) = (table(), None);
     #[rustfmt::skip]
     let rows: Vec<GuardRow> = vec![

@@ -36,7 +36,7 @@ fn guarded_not_found_is_a_503_status() {
 fn peer_unavailable_names_the_resource() {
     struct Row {
         desc: &'static str,
-        gvr: Gvr,
+        gvr: Gvr<'static>,
         what: &'static str,
     }
     let rows = [
@@ -52,7 +52,7 @@ fn peer_unavailable_names_the_resource() {
         Row {
             desc: "core resource",
             gvr: Gvr {
-                group: String::new(),
+                group: "".into(),
                 version: "v1".into(),
                 resource: "pods".into(),
             },
@@ -65,8 +65,8 @@ fn peer_unavailable_names_the_resource() {
         assert_eq!(v["code"], 503, "{}", row.desc);
         assert_eq!(v["reason"], "ServiceUnavailable", "{}", row.desc);
         assert_eq!(v["details"]["retryAfterSeconds"], 3, "{}", row.desc);
-        assert_eq!(v["details"]["group"], row.gvr.group.as_str(), "{}", row.desc);
-        assert_eq!(v["details"]["kind"], row.gvr.resource.as_str(), "{}", row.desc);
+        assert_eq!(v["details"]["group"], &*row.gvr.group, "{}", row.desc);
+        assert_eq!(v["details"]["kind"], &*row.gvr.resource, "{}", row.desc);
         let message = v["message"].as_str().expect("message");
         assert!(message.contains(row.what), "{}: {message}", row.desc);
     }

@@ -44,7 +44,7 @@ pub struct Question {
     /// request is for the discovery document itself (then a 200 means "served").
     pub name: Option<String>,
     /// The metric labels and `Status` details of a 503.
-    pub gvr: Gvr,
+    pub gvr: Gvr<'static>,
 }
 
 /// The question a 404 asks about `subject`, with the table at the time of the 404. A subresource
@@ -55,7 +55,7 @@ pub fn question_about(subject: &Subject, table: Option<&Table>) -> Question {
     let g = &subject.gvr;
     let name = match subject.kind {
         Kind::Document => None,
-        Kind::Resource if subject.subresource.is_empty() => Some(g.resource.clone()),
+        Kind::Resource if subject.subresource.is_empty() => Some(g.resource.to_string()),
         Kind::Resource => {
             // While some member's API set there is unknown, that member may serve the subresource.
             let sub_known = table.is_none_or(|t| {
@@ -70,7 +70,7 @@ pub fn question_about(subject: &Subject, table: Option<&Table>) -> Question {
             Some(if sub_known {
                 format!("{}/{}", g.resource, subject.subresource)
             } else {
-                g.resource.clone()
+                g.resource.to_string()
             })
         }
     };
@@ -82,7 +82,7 @@ pub fn question_about(subject: &Subject, table: Option<&Table>) -> Question {
     Question {
         path,
         name,
-        gvr: g.clone(),
+        gvr: g.clone().into_owned(),
     }
 }
 

@@ -486,10 +486,21 @@ fn fold(c: char) -> char {
 }
 
 fn eq_fold(a: &str, b: &str) -> bool {
+    // Every request header name is checked (`is_stripped`): ASCII, the only kind Envoy lets
+    // through, is compared byte by byte; folding by chars is for the rest.
+    if a.is_ascii() && b.is_ascii() {
+        return a.eq_ignore_ascii_case(b);
+    }
     a.chars().map(fold).eq(b.chars().map(fold))
 }
 
 fn starts_with_fold(s: &str, prefix: &str) -> bool {
+    if s.is_ascii() && prefix.is_ascii() {
+        return s
+            .as_bytes()
+            .get(..prefix.len())
+            .is_some_and(|head| head.eq_ignore_ascii_case(prefix.as_bytes()));
+    }
     let mut rest = s.chars().map(fold);
     prefix.chars().map(fold).all(|p| rest.next() == Some(p))
 }

@@ -1,7 +1,7 @@
 //! Kubernetes `Status` bodies for the replies the filter makes itself.
 
 fn what(gvr: &crate::request::routing::Gvr) -> String {
-    [gvr.group.as_str(), gvr.version.as_str(), gvr.resource.as_str()]
+    [&*gvr.group, &*gvr.version, &*gvr.resource]
         .iter()
         .filter(|s| !s.is_empty())
         .copied()
@@ -94,12 +94,12 @@ impl ProxyError {
     }
 
     /// The labels of `peer_proxy_errors_total` for a request about `gvr`.
-    pub fn labels(self, gvr: &crate::request::routing::Gvr) -> [(&'static str, &str); 4] {
+    pub fn labels<'g>(self, gvr: &'g crate::request::routing::Gvr) -> [(&'static str, &'g str); 4] {
         [
             ("type", self.label()),
-            ("group", gvr.group.as_str()),
-            ("version", gvr.version.as_str()),
-            ("resource", gvr.resource.as_str()),
+            ("group", &gvr.group),
+            ("version", &gvr.version),
+            ("resource", &gvr.resource),
         ]
     }
 }

@@ -2,8 +2,11 @@
 //! (k8s.io/apiserver `pkg/endpoints/request/requestinfo.go`, prefixes `api` and `apis`, groupless `api`).
 //!
 //! Only the fields that routing needs are kept. The parser works on borrowed slices of the `:path`
-//! header, never allocates on the hot path beyond the query decoding of `watch`/`fieldSelector`,
-//! and never panics on arbitrary input.
+//! header and allocates nothing unless the path or a `watch`/`fieldSelector` value has escapes: it
+//! runs on every request, in a wasm VM where an allocation and a copy cost hundreds of instructions
+//! (`bench/req_probe.py`). It never panics on arbitrary input.
+
+use std::borrow::Cow;
 
 /// What the apiserver's RequestInfo filter would conclude about a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,22 +41,29 @@ pub enum NonResource<'a> {
 /// pin the grammar down field by field.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResourceRequest<'a> {
-    pub verb: String,
+    /// One of upstream's verbs (`get`, `list`, `watch`, `create`, …), `""` for a method it has none for.
+    pub verb: &'static str,
     /// `""` for the core group.
     pub group: &'a str,
     pub version: &'a str,
     pub namespace: &'a str,
     pub resource: &'a str,
-    pub name: String,
+    /// A path segment, or an exact `metadata.name` field selector's value (decoded, so owned).
+    pub name: Cow<'a, str>,
     pub subresource: &'a str,
 }
 
 /// Splits `:path` into the path and the raw query (without `?`).
 pub fn split_path(full: &str) -> (&str, &str) {
-    match full.split_once('?') {
-        Some((p, q)) => (p, q),
-        None => (full, ""),
+    let bytes = full.as_bytes();
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        if b == b'?' {
+            return (full.get(..i).unwrap_or(""), full.get(i + 1..).unwrap_or(""));
+        }
+        i += 1;
     }
+    (full, "")
 }
 
 /// Classifies a request as kube-apiserver will see it: Go's `url.Parse` percent-decodes the path
@@ -61,10 +71,10 @@ pub fn split_path(full: &str) -> (&str, &str) {
 /// with a 400 before any handler runs; the query stays raw. The request itself is forwarded with
 /// its raw path unchanged. `buf` holds the decoded path when it differs from the raw one.
 pub fn parse_decoded<'a>(method: &str, full_path: &'a str, buf: &'a mut String) -> RequestKind<'a> {
-    let (path, query) = split_path(full_path);
-    if !path.contains('%') {
-        return parse(method, full_path);
+    if let Some(kind) = parse_undecoded(method, full_path) {
+        return kind;
     }
+    let (path, query) = split_path(full_path);
     let Some(decoded) = unescape_path(path) else {
         return RequestKind::Invalid;
     };
@@ -95,19 +105,28 @@ pub fn unescape_path(path: &str) -> Option<String> {
     let mut i = 0;
     while let Some(&b) = bytes.get(i) {
         if b == b'%' {
-            let h = bytes.get(i + 1..i + 3)?;
-            let v = u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok()?;
-            if !h.iter().all(u8::is_ascii_hexdigit) {
-                return None;
-            }
-            out.push(v);
+            let hi = hex_value(*bytes.get(i + 1)?)?;
+            let lo = hex_value(*bytes.get(i + 2)?)?;
+            out.push(hi << 4 | lo);
             i += 3;
         } else {
             out.push(b);
             i += 1;
         }
     }
-    Some(String::from_utf8_lossy(&out).into_owned())
+    Some(match String::from_utf8(out) {
+        Ok(s) => s,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    })
+}
+
+fn hex_value(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
 }
 
 /// Classifies a request like kube-apiserver does, on a path that needs no decoding (see
@@ -117,88 +136,179 @@ pub fn parse<'a>(method: &str, full_path: &'a str) -> RequestKind<'a> {
     parse_split(method, path, query)
 }
 
-fn parse_split<'a>(method: &str, path: &'a str, query: &str) -> RequestKind<'a> {
-    let trimmed = path.trim_matches('/');
-    let parts: Vec<&'a str> = if trimmed.is_empty() {
-        Vec::new()
-    } else {
-        trimmed.split('/').collect()
-    };
-    let mut verb = method.to_ascii_lowercase();
+/// [`parse_decoded`] of a path without escapes, borrowing it; `None` when the path has an escape
+/// (then [`parse_decoded`] decodes it into a buffer). One pass over the path's bytes: this runs on
+/// every request.
+pub fn parse_undecoded<'a>(method: &str, full_path: &'a str) -> Option<RequestKind<'a>> {
+    let (path, query) = split_path(full_path);
+    let parts = Parts::scan(path)?;
+    Some(classify(method, &parts, query))
+}
 
-    let prefix = match parts.first() {
-        Some(p @ (&"api" | &"apis")) => *p,
+/// The path segments the grammar looks at: `/`-separated, leading and trailing `/` trimmed, inner
+/// empty segments kept (upstream's `strings.Split(strings.Trim(path, "/"), "/")`). Only the first
+/// [`Parts::KEPT`] are kept (no rule reads further), with the total count: no allocation.
+struct Parts<'a> {
+    first: [&'a str; Parts::KEPT],
+    len: usize,
+}
+
+impl<'a> Parts<'a> {
+    /// The deepest segment a rule reads: `apis/<g>/<v>/watch/namespaces/<ns>/<r>/<name>/<sub>`.
+    const KEPT: usize = 10;
+
+    fn of(path: &'a str) -> Parts<'a> {
+        Parts::split(path, false).unwrap_or(Parts {
+            first: [""; Parts::KEPT],
+            len: 0,
+        })
+    }
+
+    /// [`Parts::of`], or `None` if the path has a `%` (an escape to decode first).
+    fn scan(path: &'a str) -> Option<Parts<'a>> {
+        Parts::split(path, true)
+    }
+
+    fn split(path: &'a str, refuse_escapes: bool) -> Option<Parts<'a>> {
+        let mut parts = Parts {
+            first: [""; Parts::KEPT],
+            len: 0,
+        };
+        let bytes = path.as_bytes();
+        // A plain loop over the bytes: iterator adaptors with closures are calls per byte in the
+        // size-optimized wasm build.
+        let mut start = 0;
+        while bytes.get(start) == Some(&b'/') {
+            start += 1;
+        }
+        let mut end = bytes.len();
+        while end > start && bytes.get(end - 1) == Some(&b'/') {
+            end -= 1;
+        }
+        let mut from = start;
+        let mut i = start;
+        while i < end {
+            match bytes.get(i) {
+                Some(b'/') => {
+                    parts.push(path.get(from..i).unwrap_or(""));
+                    from = i + 1;
+                }
+                Some(b'%') if refuse_escapes => return None,
+                _ => {}
+            }
+            i += 1;
+        }
+        if end > start {
+            parts.push(path.get(from..end).unwrap_or(""));
+        }
+        Some(parts)
+    }
+
+    fn push(&mut self, segment: &'a str) {
+        if let Some(slot) = self.first.get_mut(self.len) {
+            *slot = segment;
+        }
+        self.len += 1;
+    }
+
+    fn get(&self, i: usize) -> Option<&'a str> {
+        if i < self.len {
+            self.first.get(i).copied()
+        } else {
+            None
+        }
+    }
+}
+
+/// Upstream's verb for a method (`POST` creates, …), matched in any case; `""` for any other.
+fn method_verb(method: &str) -> &'static str {
+    const VERBS: [(&str, &str); 6] = [
+        ("get", "get"),
+        ("head", "get"),
+        ("post", "create"),
+        ("put", "update"),
+        ("patch", "patch"),
+        ("delete", "delete"),
+    ];
+    VERBS
+        .iter()
+        .find(|(m, _)| m.eq_ignore_ascii_case(method))
+        .map_or("", |(_, v)| v)
+}
+
+fn parse_split<'a>(method: &str, path: &'a str, query: &str) -> RequestKind<'a> {
+    classify(method, &Parts::of(path), query)
+}
+
+fn classify<'a>(method: &str, parts: &Parts<'a>, query: &str) -> RequestKind<'a> {
+    let prefix = match parts.get(0) {
+        Some(p @ ("api" | "apis")) => p,
         _ => return RequestKind::NonResource(NonResource::Other),
     };
-    if parts.len() < 3 {
-        return RequestKind::NonResource(non_resource_discovery(prefix, &parts));
+    if parts.len < 3 {
+        return RequestKind::NonResource(non_resource_discovery(prefix, parts));
     }
-    let mut rest: &[&'a str] = parts.get(1..).unwrap_or(&[]);
+    // `at` is the first segment of `rest` (upstream's `currentParts`).
+    let mut at = 1;
     let mut group = "";
     if prefix == "apis" {
-        if rest.len() < 3 {
-            return RequestKind::NonResource(non_resource_discovery(prefix, &parts));
+        if parts.len < 4 {
+            return RequestKind::NonResource(non_resource_discovery(prefix, parts));
         }
-        group = rest.first().copied().unwrap_or("");
-        rest = rest.get(1..).unwrap_or(&[]);
+        group = parts.get(1).unwrap_or("");
+        at = 2;
     }
-    let version = rest.first().copied().unwrap_or("");
-    rest = rest.get(1..).unwrap_or(&[]);
+    let version = parts.get(at).unwrap_or("");
+    at += 1;
 
-    match rest.first() {
-        Some(&w @ ("proxy" | "watch")) => {
-            if rest.len() < 2 {
+    let mut verb = match parts.get(at) {
+        Some(w @ ("proxy" | "watch")) => {
+            if parts.len < at + 2 {
                 return RequestKind::Invalid;
             }
-            verb = w.to_string();
-            rest = rest.get(1..).unwrap_or(&[]);
-        }
-        _ => {
-            verb = match verb.as_str() {
-                "post" => "create",
-                "get" | "head" => "get",
-                "put" => "update",
-                "patch" => "patch",
-                "delete" => "delete",
-                _ => "",
+            at += 1;
+            if w == "proxy" {
+                "proxy"
+            } else {
+                "watch"
             }
-            .to_string();
         }
-    }
+        _ => method_verb(method),
+    };
 
     let mut namespace = "";
-    if rest.first() == Some(&"namespaces") {
-        if let Some(ns) = rest.get(1) {
+    if parts.get(at) == Some("namespaces") {
+        if let Some(ns) = parts.get(at + 1) {
             namespace = ns;
             // `/namespaces/<ns>/<resource>...` addresses a namespaced resource unless the third
             // part is one of the namespace object's own subresources.
-            if let Some(third) = rest.get(2) {
-                if *third != "status" && *third != "finalize" {
-                    rest = rest.get(2..).unwrap_or(&[]);
+            if let Some(third) = parts.get(at + 2) {
+                if third != "status" && third != "finalize" {
+                    at += 2;
                 }
             }
         }
     }
 
-    let resource = rest.first().copied().unwrap_or("");
-    let mut name = rest.get(1).map(|s| s.to_string()).unwrap_or_default();
+    let resource = parts.get(at).unwrap_or("");
+    let mut name = Cow::Borrowed(parts.get(at + 1).unwrap_or(""));
     let subresource = if verb == "proxy" {
         ""
     } else {
-        rest.get(2).copied().unwrap_or("")
+        parts.get(at + 2).unwrap_or("")
     };
 
     if name.is_empty() && verb == "get" {
         let opts = ListOptions::from_query(query);
-        verb = if opts.watch { "watch" } else { "list" }.to_string();
+        verb = if opts.watch { "watch" } else { "list" };
         if let Some(n) = opts.field_selector_name {
             if is_valid_path_segment(&n) {
-                name = n;
+                name = Cow::Owned(n);
             }
         }
     }
     if name.is_empty() && verb == "delete" {
-        verb = "deletecollection".to_string();
+        verb = "deletecollection";
     }
 
     RequestKind::Resource(ResourceRequest {
@@ -212,15 +322,13 @@ fn parse_split<'a>(method: &str, path: &'a str, query: &str) -> RequestKind<'a> 
     })
 }
 
-fn non_resource_discovery<'a>(prefix: &str, parts: &[&'a str]) -> NonResource<'a> {
-    match (prefix, parts.len()) {
+fn non_resource_discovery<'a>(prefix: &str, parts: &Parts<'a>) -> NonResource<'a> {
+    match (prefix, parts.len) {
         ("api", 1) => NonResource::ApiRoot,
         ("apis", 1) => NonResource::ApisRoot,
-        ("api", 2) => NonResource::CoreVersion(parts.get(1).copied().unwrap_or("")),
-        ("apis", 2) => NonResource::Group(parts.get(1).copied().unwrap_or("")),
-        ("apis", 3) => {
-            NonResource::GroupVersion(parts.get(1).copied().unwrap_or(""), parts.get(2).copied().unwrap_or(""))
-        }
+        ("api", 2) => NonResource::CoreVersion(parts.get(1).unwrap_or("")),
+        ("apis", 2) => NonResource::Group(parts.get(1).unwrap_or("")),
+        ("apis", 3) => NonResource::GroupVersion(parts.get(1).unwrap_or(""), parts.get(2).unwrap_or("")),
         _ => NonResource::Other,
     }
 }
@@ -239,10 +347,10 @@ impl ListOptions {
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             // Like Go's url.Values.Get, the first occurrence of a key wins.
-            match percent_decode(k).as_str() {
-                "watch" if watch.is_none() => watch = Some(parse_watch_bool(&percent_decode(v))),
-                "fieldSelector" if field_selector_name.is_none() => {
-                    field_selector_name = Some(exact_name_selector(&percent_decode(v)))
+            match query_key(k) {
+                Some(QueryKey::Watch) if watch.is_none() => watch = Some(parse_watch_bool(&query_value(v))),
+                Some(QueryKey::FieldSelector) if field_selector_name.is_none() => {
+                    field_selector_name = Some(exact_name_selector(&query_value(v)))
                 }
                 _ => {}
             }
@@ -251,6 +359,32 @@ impl ListOptions {
             watch: watch.unwrap_or(false),
             field_selector_name: field_selector_name.flatten(),
         }
+    }
+}
+
+/// The two query keys RequestInfo reads.
+enum QueryKey {
+    Watch,
+    FieldSelector,
+}
+
+/// Which of the two keys `raw` names once decoded; a key without an escape is compared as it is
+/// (a LIST's `limit`, `labelSelector`, `resourceVersion` cost no decoding).
+fn query_key(raw: &str) -> Option<QueryKey> {
+    let decoded = query_value(raw);
+    match decoded.as_ref() {
+        "watch" => Some(QueryKey::Watch),
+        "fieldSelector" => Some(QueryKey::FieldSelector),
+        _ => None,
+    }
+}
+
+/// A query value decoded (`%XX`, `+`), borrowed when there is nothing to decode.
+fn query_value(raw: &str) -> Cow<'_, str> {
+    if raw.bytes().any(|b| b == b'%' || b == b'+') {
+        Cow::Owned(percent_decode(raw))
+    } else {
+        Cow::Borrowed(raw)
     }
 }
 

@@ -7,9 +7,11 @@
 //! type-404 guarded while a 404 might be false, subresource-aware routing, peer-aggregated `/api`,
 //! and forwarding per-group discovery.
 
+use std::borrow::Cow;
+
 use crate::request::accept::{self, DiscoveryChoice};
 use crate::request::request_info::{self, NonResource, RequestKind};
-use crate::snapshot::{self, Table};
+use crate::snapshot::{Key, Table};
 
 /// The request headers the decision reads.
 #[derive(Debug, Clone, Default)]
@@ -32,15 +34,27 @@ pub enum MergedDoc {
 }
 
 /// Labels for the rerouted-request metric (upstream: `code`, `group`, `version`, `resource`).
+/// Borrowed from the request's path while it is routed (a request allocates nothing for it), owned
+/// ([`Gvr::into_owned`]) where it outlives the request headers.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Gvr {
-    pub group: String,
-    pub version: String,
-    pub resource: String,
+pub struct Gvr<'a> {
+    pub group: Cow<'a, str>,
+    pub version: Cow<'a, str>,
+    pub resource: Cow<'a, str>,
+}
+
+impl Gvr<'_> {
+    pub fn into_owned(self) -> Gvr<'static> {
+        Gvr {
+            group: Cow::Owned(self.group.into_owned()),
+            version: Cow::Owned(self.version.into_owned()),
+            resource: Cow::Owned(self.resource.into_owned()),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
+pub enum Decision<'a> {
     /// Let the request continue to the local apiserver. Its answer stands, except that for
     /// [`LocalReason::ServedLocally`] and [`LocalReason::NotServedAnywhere`] a "type not served
     /// here" 404 is verified: it becomes a 503 if another member's discovery lists the type now
@@ -49,13 +63,13 @@ pub enum Decision {
     /// Let the request continue to the local apiserver, but a 404 meaning "this resource type is
     /// not served here" (see [`crate::request::not_found`]) becomes a 503: a peer is known to serve it, or
     /// some member's API set is unknown, so that 404 might be false.
-    Guarded { reason: LocalReason, gvr: Gvr },
+    Guarded { reason: LocalReason, gvr: Gvr<'a> },
     /// Send to `servers[index]` of the table (its type-404 is guarded the same way: the table said
     /// it serves the resource).
-    Peer { index: usize, gvr: Gvr },
+    Peer { index: usize, gvr: Gvr<'a> },
     /// Only unreachable members, or members whose data is stale, serve it: 503 with Retry-After
     /// rather than a false 404.
-    Unavailable { gvr: Gvr },
+    Unavailable { gvr: Gvr<'a> },
     /// Answer with the merged discovery document.
     Merged(MergedDoc),
 }
@@ -72,18 +86,18 @@ pub enum Mode {
 /// What the 404 guard ([`crate::request::guard`]) needs of a request, decided with its routing (so the
 /// path is parsed once and the mode is chosen where the table is read).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Guard {
+pub struct Guard<'a> {
     pub mode: Mode,
-    pub subject: Subject,
+    pub subject: Subject<'a>,
 }
 
 /// What a guarded request is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Subject {
+pub struct Subject<'a> {
     /// For a discovery document: its group and version (`""` for `/apis/<g>`), no resource.
-    pub gvr: Gvr,
+    pub gvr: Gvr<'a>,
     /// A resource request's subresource, `""` for none.
-    pub subresource: String,
+    pub subresource: Cow<'a, str>,
     pub kind: Kind,
 }
 
@@ -96,9 +110,9 @@ pub enum Kind {
     Document,
 }
 
-impl Subject {
+impl<'a> Subject<'a> {
     /// The subject of a parsed request, or `None` for requests no 404 guard applies to.
-    pub fn of(kind: &RequestKind) -> Option<Subject> {
+    pub fn of(kind: &RequestKind<'a>) -> Option<Subject<'a>> {
         let (group, version, resource, subresource, kind) = match kind {
             RequestKind::Resource(r) => (r.group, r.version, r.resource, r.subresource, Kind::Resource),
             RequestKind::NonResource(NonResource::CoreVersion(v)) => ("", *v, "", "", Kind::Document),
@@ -108,27 +122,35 @@ impl Subject {
         };
         Some(Subject {
             gvr: Gvr {
-                group: group.to_string(),
-                version: version.to_string(),
-                resource: resource.to_string(),
+                group: Cow::Borrowed(group),
+                version: Cow::Borrowed(version),
+                resource: Cow::Borrowed(resource),
             },
-            subresource: subresource.to_string(),
+            subresource: Cow::Borrowed(subresource),
             kind,
         })
     }
 
+    pub fn into_owned(self) -> Subject<'static> {
+        Subject {
+            gvr: self.gvr.into_owned(),
+            subresource: Cow::Owned(self.subresource.into_owned()),
+            kind: self.kind,
+        }
+    }
+
     /// The table keys the request is routed on: its own, then (for a subresource) its parent's.
-    pub fn keys(&self) -> (String, Option<String>) {
+    pub fn keys(&self) -> (Key<'_>, Option<Key<'_>>) {
         let g = &self.gvr;
         match self.kind {
-            Kind::Document if g.version.is_empty() => (snapshot::group_key(&g.group), None),
-            Kind::Document => (snapshot::version_key(&g.group, &g.version), None),
+            Kind::Document if g.version.is_empty() => (Key::Group(&g.group), None),
+            Kind::Document => (Key::Version(&g.group, &g.version), None),
             Kind::Resource => {
-                let rkey = snapshot::resource_key(&g.group, &g.version, &g.resource);
+                let rkey = Key::Resource(&g.group, &g.version, &g.resource);
                 if self.subresource.is_empty() {
                     (rkey, None)
                 } else {
-                    let skey = snapshot::subresource_key(&g.group, &g.version, &g.resource, &self.subresource);
+                    let skey = Key::Subresource(&g.group, &g.version, &g.resource, &self.subresource);
                     (skey, Some(rkey))
                 }
             }
@@ -139,20 +161,20 @@ impl Subject {
 /// A decision and, for a request whose 404 is guarded, what the guard needs (see [`crate::request::guard`]):
 /// the filter acts on this, so it never parses the path again nor infers the mode.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Route {
-    pub decision: Decision,
+pub struct Route<'a> {
+    pub decision: Decision<'a>,
     /// `Strict` for [`Decision::Guarded`] and [`Decision::Peer`], `Verified` for the local
     /// decisions noted at [`Decision::Local`], `None` where the answer stands.
-    pub guard: Option<Guard>,
+    pub guard: Option<Guard<'a>>,
 }
 
-impl Route {
-    fn stands(decision: Decision) -> Route {
+impl<'a> Route<'a> {
+    fn stands(decision: Decision<'a>) -> Route<'a> {
         Route { decision, guard: None }
     }
 
     /// Local; a type-404 is strict (`Guarded`) when `strict`, else verified.
-    fn local(reason: LocalReason, strict: bool, subject: Subject) -> Route {
+    fn local(reason: LocalReason, strict: bool, subject: Subject<'a>) -> Route<'a> {
         let (decision, mode) = if strict {
             let gvr = subject.gvr.clone();
             (Decision::Guarded { reason, gvr }, Mode::Strict)
@@ -184,28 +206,46 @@ pub enum LocalReason {
 /// answered `true` too (`%2F` decodes to a separator). Every other request is decided without
 /// `Accept`, so the filter does not read that header for it.
 pub fn needs_accept(path: &str) -> bool {
-    let path = path.split(['?', '#']).next().unwrap_or("");
-    path.contains('%') || path.split('/').filter(|s| !s.is_empty()).count() <= 1
+    // A plain loop over the bytes: char patterns and iterator adaptors cost ten thousand wasm
+    // instructions per request at the size-optimized build (`bench/req_probe.py`).
+    let bytes = path.as_bytes();
+    let mut segments = 0usize;
+    let mut previous = b'/';
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        if b == b'?' || b == b'#' {
+            break;
+        }
+        if b == b'%' {
+            return true;
+        }
+        if previous == b'/' && b != b'/' {
+            segments += 1;
+        }
+        previous = b;
+        i += 1;
+    }
+    segments <= 1
 }
 
 /// Decides where a request goes. `pick(n)` returns a uniformly random index below `n`.
-pub fn decide(
-    req: &RequestFacts,
+pub fn decide<'a>(
+    req: &RequestFacts<'a>,
     table: Option<&Table>,
     merged_discovery: bool,
     pick: &mut dyn FnMut(usize) -> usize,
-) -> Decision {
+) -> Decision<'a> {
     decide_with(req, table, merged_discovery, pick, &mut |_| false)
 }
 
 /// [`route`]'s decision.
-pub fn decide_with(
-    req: &RequestFacts,
+pub fn decide_with<'a>(
+    req: &RequestFacts<'a>,
     table: Option<&Table>,
     merged_discovery: bool,
     pick: &mut dyn FnMut(usize) -> usize,
     is_down: &mut dyn FnMut(usize) -> bool,
-) -> Decision {
+) -> Decision<'a> {
     route(req, table, merged_discovery, pick, is_down).decision
 }
 
@@ -224,22 +264,29 @@ pub fn decide_with(
 /// 6. only unreachable or stale members serve it → 503;
 /// 7. nobody is known to serve it → local, strict while some member's API set is unknown, else
 ///    verified.
-pub fn route(
-    req: &RequestFacts,
+pub fn route<'a>(
+    req: &RequestFacts<'a>,
     table: Option<&Table>,
     merged_discovery: bool,
     pick: &mut dyn FnMut(usize) -> usize,
     is_down: &mut dyn FnMut(usize) -> bool,
-) -> Route {
+) -> Route<'a> {
     // Upstream checks the header after `IsResourceRequest`; both end local, and this one needs no
     // parse, so it comes first.
     if already_proxied(req) {
         return Route::stands(Decision::Local(LocalReason::AlreadyProxied));
     }
-    // `apirequest.RequestInfoFrom`.
-    let mut decoded = String::new();
-    let kind = request_info::parse_decoded(req.method, req.path, &mut decoded);
-    let subject = match subject(&kind, req, table, merged_discovery) {
+    // `apirequest.RequestInfoFrom`. A path with escapes is decoded into a buffer of this call, so
+    // its subject is copied out of it; any other borrows the request's path.
+    let subject = match request_info::parse_undecoded(req.method, req.path) {
+        Some(kind) => subject(&kind, req, table, merged_discovery),
+        None => {
+            let mut decoded = String::new();
+            let kind = request_info::parse_decoded(req.method, req.path, &mut decoded);
+            subject(&kind, req, table, merged_discovery).map(Subject::into_owned)
+        }
+    };
+    let subject = match subject {
         Ok(subject) => subject,
         Err(decision) => return Route::stands(decision),
     };
@@ -259,12 +306,12 @@ fn already_proxied(req: &RequestFacts) -> bool {
 /// decision, which stands, when it is not routed by the table: an invalid path, a non-resource path, and `/api` and
 /// `/apis` (step 2, [`root_discovery`]). Discovery documents of a group or group/version are routed
 /// like resources (upstream serves them locally).
-fn subject(
-    kind: &RequestKind,
+fn subject<'k>(
+    kind: &RequestKind<'k>,
     req: &RequestFacts,
     table: Option<&Table>,
     merged_discovery: bool,
-) -> Result<Subject, Decision> {
+) -> Result<Subject<'k>, Decision<'static>> {
     match kind {
         RequestKind::Invalid => Err(Decision::Local(LocalReason::Invalid)),
         RequestKind::NonResource(nr @ (NonResource::ApisRoot | NonResource::ApiRoot)) => {
@@ -276,24 +323,25 @@ fn subject(
 
 /// Upstream's `!h.HasFinishedSync()`: no snapshot yet, nothing is known, so the local server
 /// answers and its type-404s are strict.
-fn not_synced(subject: Subject) -> Route {
+fn not_synced(subject: Subject<'_>) -> Route<'_> {
     Route::local(LocalReason::NoSnapshot, true, subject)
 }
 
 /// Steps 3 to 7: upstream's `shouldServeLocally`, `findServiceableByPeerFromPeerDiscoveryCache`,
 /// `resolveServingLocation` and `rand.Intn`, on the request's own table key and then (for a
 /// subresource nobody is known to serve) its parent's.
-fn serve_or_proxy(
-    subject: Subject,
+fn serve_or_proxy<'a>(
+    subject: Subject<'a>,
     table: &Table,
     pick: &mut dyn FnMut(usize) -> usize,
     is_down: &mut dyn FnMut(usize) -> bool,
-) -> Route {
+) -> Route<'a> {
     let local = table.local_mask();
     let incomplete = table.incomplete(&subject.gvr.group, &subject.gvr.version);
     let (local_key, fallback_key) = subject.keys();
-    for (nth, key) in std::iter::once(&local_key).chain(fallback_key.as_ref()).enumerate() {
-        let servers = table.servers_for(key);
+    let own = table.servers_for_key(&local_key);
+    let parent = fallback_key.filter(|_| own == 0).map(|k| table.servers_for_key(&k));
+    for (nth, servers) in std::iter::once(own).chain(parent).enumerate() {
         if servers == 0 {
             continue;
         }
@@ -347,7 +395,12 @@ fn pick_peer(
 }
 
 /// Step 2: `/api` and `/apis`.
-fn root_discovery(nr: &NonResource, req: &RequestFacts, table: Option<&Table>, merged_discovery: bool) -> Decision {
+fn root_discovery(
+    nr: &NonResource,
+    req: &RequestFacts,
+    table: Option<&Table>,
+    merged_discovery: bool,
+) -> Decision<'static> {
     let is_get = req.method.eq_ignore_ascii_case("GET");
     if !(is_get && merged_discovery) {
         return Decision::Local(LocalReason::LocalDiscovery);

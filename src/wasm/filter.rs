@@ -16,6 +16,7 @@ use super::asking::{Asking, Progress};
 use super::host;
 use super::merged::MergedReply;
 use super::worker::Shared;
+use crate::header_map;
 use crate::metrics;
 use crate::passive_health::{self, Upstream};
 use crate::request::forward::{self, ToPeer};
@@ -23,7 +24,8 @@ use crate::request::guard::{Conversation, Target, Verdict};
 use crate::request::identity::RequestHeaderNames;
 use crate::request::readiness;
 use crate::request::reply::{LocalReply, ProxyError};
-use crate::request::routing::{self, Decision, Guard, Gvr, RequestFacts, Route};
+use crate::request::request_info;
+use crate::request::routing::{self, Decision, Guard, Gvr, Mode, RequestFacts, Route, Subject};
 use crate::snapshot::{ServerRef, Table};
 use crate::PEER_PROXIED_HEADER;
 
@@ -33,11 +35,15 @@ const RESPONSE: MapType = MapType::HttpResponseHeaders;
 pub struct PeerProxy {
     shared: Rc<Shared>,
     /// Set when this request was sent to a peer: what for, and which target (cluster or address).
-    rerouted: Option<(Gvr, String)>,
+    rerouted: Option<(Gvr<'static>, String)>,
     /// Set when the local server's discovery answer is to be replaced by a merged document.
     merged: Option<MergedReply>,
-    /// Set for requests a 404 guard applies to: what it asks about, and the server that answers.
-    guard: Option<(Guard, Target)>,
+    /// Set for requests a 404 guard applies to: its mode, and the server that answers (`None`: the
+    /// local one). What it asks about is read again from the request on a 404 (see [`Guarded`]).
+    guard: Option<(Mode, Option<Target>)>,
+    /// The method and path of a guarded request: on a 404 (rare) its subject is parsed from them
+    /// again instead of every request copying it out of the path.
+    request: Option<Guarded>,
     /// A 404 waiting for discovery answers.
     asking: Option<Asking>,
 }
@@ -49,6 +55,7 @@ impl PeerProxy {
             rerouted: None,
             merged: None,
             guard: None,
+            request: None,
             asking: None,
         }
     }
@@ -78,9 +85,10 @@ impl HttpContext for PeerProxy {
         }
         let method = host::header(REQUEST, ":method").unwrap_or_default();
         let path = host::header(REQUEST, ":path").unwrap_or_default();
-        let accept = routing::needs_accept(&path)
-            .then(|| host::header(REQUEST, "accept"))
-            .flatten();
+        // Only `/api` and `/apis` can be answered with a merged document, whose pieces are read for
+        // the newest generation: those look at the table now.
+        let root = routing::needs_accept(&path);
+        let accept = root.then(|| host::header(REQUEST, "accept")).flatten();
         let proxied = host::header(REQUEST, PEER_PROXIED_HEADER);
         let facts = RequestFacts {
             method: &method,
@@ -88,7 +96,7 @@ impl HttpContext for PeerProxy {
             accept: accept.as_deref(),
             peer_proxied: proxied.as_deref(),
         };
-        let table = self.shared.table();
+        let table = if root { self.shared.table_now() } else { self.shared.table() };
         if let Some(body) = readiness::not_ready(&method, &path, table.is_some()) {
             log::debug!("kube-peer-proxy: {method} {path}: not ready, no discovery snapshot yet");
             return self.shared.send(&LocalReply::not_ready(body), None);
@@ -102,7 +110,11 @@ impl HttpContext for PeerProxy {
             &mut |n| shared.pick(n),
             &mut |i| shared.is_down(i),
         );
-        self.act(route, table, &facts)
+        let action = self.act(route, table, &facts);
+        if self.guard.is_some() {
+            self.request = Some(Guarded { method, path });
+        }
+        action
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
@@ -161,7 +173,7 @@ impl PeerProxy {
             Decision::Local(reason) | Decision::Guarded { reason, .. } => {
                 let mode = route.guard.as_ref().map(|g| g.mode);
                 log::debug!("kube-peer-proxy: {method} {path} stays local ({reason:?}), 404 guard {mode:?}");
-                self.guard = route.guard.map(|g| (g, self.shared.local()));
+                self.guard = mode.map(|m| (m, None));
                 Action::Continue
             }
             Decision::Unavailable { gvr } => {
@@ -188,6 +200,7 @@ impl PeerProxy {
 
     /// Sends the request to `server`, its type-404 guarded by `guard` (see [`forward::to_peer`]).
     fn reroute(&mut self, server: &ServerRef, gvr: Gvr, guard: Option<Guard>) {
+        let gvr = gvr.into_owned();
         match forward::to_peer(&self.shared.config, server) {
             ToPeer::Headers(headers) => {
                 for (name, value) in headers {
@@ -205,7 +218,7 @@ impl PeerProxy {
             cluster: server.cluster.clone(),
             address: server.address.clone(),
         };
-        self.guard = guard.map(|g| (g, target));
+        self.guard = guard.map(|g| (g.mode, Some(target)));
     }
 
     /// A rerouted request's answer: counted, and Envoy's own reply for a connect failure marks the
@@ -216,9 +229,9 @@ impl PeerProxy {
         };
         let labels = [
             ("code", code),
-            ("group", gvr.group.as_str()),
-            ("version", gvr.version.as_str()),
-            ("resource", gvr.resource.as_str()),
+            ("group", &*gvr.group),
+            ("version", &*gvr.version),
+            ("resource", &*gvr.resource),
         ];
         self.shared.inc(metrics::REROUTED, &labels);
         // Envoy's own replies are 5xx, so an answer below 500 needs no property read.
@@ -243,9 +256,19 @@ impl PeerProxy {
     /// A guarded request's 404 is judged, from its headers when they settle it, else while the
     /// headers wait for discovery answers (see [`crate::request::guard`]).
     fn guard_response_headers(&mut self, status: &str) -> Action {
-        let Some((guard, target)) = self.guard.take().filter(|_| status == "404") else {
+        let Some((mode, target)) = self.guard.take().filter(|_| status == "404") else {
             return Action::Continue;
         };
+        let Some(request) = self.request.take() else {
+            return Action::Continue;
+        };
+        let mut decoded = String::new();
+        let kind = request_info::parse_decoded(&request.method, &request.path, &mut decoded);
+        let Some(subject) = Subject::of(&kind) else {
+            return Action::Continue;
+        };
+        let guard = Guard { mode, subject };
+        let target = target.unwrap_or_else(|| self.shared.local());
         let table = self.shared.table();
         let content_type = host::header(RESPONSE, "content-type").unwrap_or_default();
         let (conversation, step) = Conversation::start(&guard, target, &content_type, table.as_deref());
@@ -264,16 +287,26 @@ impl PeerProxy {
     }
 }
 
+/// A guarded request's method and path (see [`PeerProxy::request`]).
+struct Guarded {
+    method: String,
+    path: String,
+}
+
 /// Removes every client copy of the request-header identity names and `X-Real-Ip` (Envoy's early
 /// header mutation already did; this holds even if the bootstrap does not), then asserts the
 /// identity of a verified client certificate as kube-apiserver's x509 authenticator would see it
 /// ([`RequestHeaderNames::assertion`]). Envoy verified the certificate (chain, expiry, client-auth
 /// purpose) or refused the handshake.
 fn assert_client_identity(names: &RequestHeaderNames) -> Result<(), String> {
-    for (name, _) in host::headers(REQUEST) {
-        if names.is_stripped(&name) {
-            host::set_header(REQUEST, &name, None);
-        }
+    let pairs = host::header_pairs(REQUEST);
+    let stripped: Vec<String> = header_map::pairs(&pairs)
+        .map(|(name, _)| String::from_utf8_lossy(name))
+        .filter(|name| names.is_stripped(name))
+        .map(|name| name.into_owned())
+        .collect();
+    for name in stripped {
+        host::set_header(REQUEST, &name, None);
     }
     let subject = host::property(&["connection", "subject_peer_certificate"]);
     for (name, value) in names.assertion(subject.as_deref())? {

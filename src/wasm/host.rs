@@ -2,19 +2,22 @@
 //! UTF-8 in a header, a missing property) can panic the VM.
 
 use std::collections::HashMap;
-use std::time::UNIX_EPOCH;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, MapType, MetricType};
 
 use crate::metrics;
 
+/// The host's clock, ms since the epoch (0 if the host refuses). Read straight from the ABI: the
+/// SDK's `SystemTime` and `u128` arithmetic cost more than the call on the request path.
 pub fn now_ms() -> u64 {
-    hostcalls::get_current_time()
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
+    let mut ns: u64 = 0;
+    // SAFETY: the host writes one u64 at the pointer given.
+    let status = unsafe { proxy_get_current_time_nanoseconds(&mut ns) };
+    if status != 0 {
+        return 0;
+    }
+    ns / 1_000_000
 }
 
 /// A header value as text; invalid UTF-8 is replaced rather than trusted. `None` also when the
@@ -33,12 +36,18 @@ pub fn header(map: MapType, name: &str) -> Option<String> {
         return Some(String::new());
     }
     let bytes = unsafe { Vec::from_raw_parts(data, size, size) };
-    Some(String::from_utf8_lossy(&bytes).into_owned())
+    // The host's buffer becomes the String: no second copy unless it needs replacing.
+    Some(match String::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    })
 }
 
 // The SDK's header hostcalls panic when the host refuses (e.g. request headers touched in the
 // response phase); these are the same ABI imports, with the status returned instead.
 extern "C" {
+    fn proxy_get_current_time_nanoseconds(return_time: *mut u64) -> u32;
+    fn proxy_get_header_map_pairs(map_type: MapType, return_map_data: *mut *mut u8, return_map_size: *mut usize) -> u32;
     fn proxy_get_header_map_value(
         map_type: MapType,
         key_data: *const u8,
@@ -93,6 +102,19 @@ pub fn headers(map: MapType) -> Vec<(String, String)> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// Every header of `map` as the host serializes them (see [`crate::header_map`]), in one buffer:
+/// empty if the host refuses.
+pub fn header_pairs(map: MapType) -> Vec<u8> {
+    let mut data: *mut u8 = std::ptr::null_mut();
+    let mut size: usize = 0;
+    // SAFETY: as in `header`: a buffer the host allocated through `proxy_on_memory_allocate`.
+    let status = unsafe { proxy_get_header_map_pairs(map, &mut data, &mut size) };
+    if status != 0 || data.is_null() {
+        return Vec::new();
+    }
+    unsafe { Vec::from_raw_parts(data, size, size) }
 }
 
 pub fn buffer(kind: BufferType, size: usize) -> Vec<u8> {
@@ -196,3 +218,14 @@ impl Metrics {
         }
     }
 }
+
+#[cfg(feature = "probe-marks")]
+pub fn mark(id: u32) {
+    extern "C" {
+        fn kpp_probe_mark(id: u32);
+    }
+    unsafe { kpp_probe_mark(id) }
+}
+#[cfg(not(feature = "probe-marks"))]
+#[inline(always)]
+pub fn mark(_id: u32) {}

@@ -21,6 +21,11 @@ use crate::request::routing::Gvr;
 use crate::request::routing::MergedDoc;
 use crate::snapshot::{self, KeySource, Table};
 
+/// How long a worker routes with the snapshot it has before it reads the generation key again
+/// (see [`Shared::table`]): well under a discovery round (the renderer's default refresh interval
+/// is 2 s), and long enough that a busy worker reads it rarely.
+pub const RECHECK_MS: u64 = 100;
+
 /// Per-VM state shared by every request on this worker.
 pub struct Shared {
     pub config: Config,
@@ -32,6 +37,8 @@ pub struct Shared {
 #[derive(Default)]
 struct Cache {
     generation: Option<u64>,
+    /// When this VM last read the generation key (ms, the host's clock).
+    checked_ms: u64,
     table: Option<Rc<Table>>,
     /// The merged documents published whole (`None`: published in pieces, see
     /// [`snapshot::WHOLE_LIMIT`]), in [`response::merged_source`] order.
@@ -85,17 +92,25 @@ impl Shared {
         usize::try_from(r % n.max(1) as u64).unwrap_or(0)
     }
 
-    /// The table a request routes with. A request reads only the small generation key (about a
-    /// microsecond, `make bench`'s probes) so a new snapshot, e.g. one that marks a member
-    /// unreachable, is used from the next request on; the worker's timer usually has it decoded.
+    /// The table a request routes with. The generation key is read again once [`RECHECK_MS`] have
+    /// passed since this VM last read it (the clock is a host call that copies nothing; a shared-data
+    /// read copies its value into the VM, `make bench`'s probes), so a new snapshot, e.g. one that
+    /// marks a member unreachable, is used within that time; the worker's timer usually has it
+    /// decoded. Before the first snapshot every request looks.
     pub fn table(&self) -> Option<Rc<Table>> {
-        self.refresh()
+        self.refresh(false)
+    }
+
+    /// [`Shared::table`] read from shared data now: for the merged discovery documents, whose pieces
+    /// a request must read for the newest generation (two are kept, see [`snapshot::chunk_key`]).
+    pub fn table_now(&self) -> Option<Rc<Table>> {
+        self.refresh(true)
     }
 
     /// The worker timer's work: the newest table (shared data is re-read only when the small
     /// generation key moved), so requests rarely decode a head.
     pub fn on_tick(&self) {
-        self.refresh();
+        self.refresh(true);
     }
 
     /// Whether `table.servers[index]` is marked down now, by any worker (one shared-data read).
@@ -110,9 +125,17 @@ impl Shared {
         host::set_shared(&passive_health::down_key(target), value.as_bytes());
     }
 
-    fn refresh(&self) -> Option<Rc<Table>> {
+    fn refresh(&self, now: bool) -> Option<Rc<Table>> {
+        let ms = host::now_ms();
+        {
+            let cache = self.cache.borrow();
+            if !now && cache.table.is_some() && ms.saturating_sub(cache.checked_ms) < RECHECK_MS {
+                return cache.table.clone();
+            }
+        }
         let generation = host::shared_u64(snapshot::KEY_GENERATION);
         let mut cache = self.cache.borrow_mut();
+        cache.checked_ms = ms;
         if generation.is_none() || generation == cache.generation {
             return cache.table.clone();
         }

@@ -125,7 +125,7 @@ pub fn json_subresources(doc: &serde_json::Value) -> std::collections::BTreeSet<
 
 /// A resource request as `request_info::parse` returns it.
 pub fn resource_request(
-    verb: &str,
+    verb: &'static str,
     group: &'static str,
     version: &'static str,
     namespace: &'static str,
@@ -135,12 +135,12 @@ pub fn resource_request(
 ) -> kube_peer_proxy::request::request_info::RequestKind<'static> {
     kube_peer_proxy::request::request_info::RequestKind::Resource(
         kube_peer_proxy::request::request_info::ResourceRequest {
-            verb: verb.to_string(),
+            verb,
             group,
             version,
             namespace,
             resource,
-            name: name.to_string(),
+            name: std::borrow::Cow::Owned(name.to_string()),
             subresource,
         },
     )
