@@ -45,7 +45,7 @@ test-python: build k8s-build
 
 test: lint test-native k8s-build-skew test-python fuzz-smoke e2e-k8s
 
-# 7 targets × FUZZ_SMOKE_SECONDS (default 15 s) = 105 s of fuzzing on the committed corpus, after the
+# 8 targets × FUZZ_SMOKE_SECONDS (default 15 s) = 120 s of fuzzing on the committed corpus, after the
 # fuzz build (installs nightly and cargo-fuzz if missing).
 fuzz-smoke:
 	bash scripts/fuzz-smoke.sh

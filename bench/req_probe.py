@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import struct
 import sys
 from collections import Counter
@@ -43,6 +44,11 @@ FIXTURES = ROOT / "tests" / "fixtures" / "k8s-discovery"
 OLD_FIXTURE = FIXTURES / "aggregated_v2.k8s-1.33.json"
 NEW_FIXTURE = FIXTURES / "aggregated_v2.k8s-1.37-dev-fork.json"
 FILTER_WASM = ROOT / "target" / "kube_peer_proxy.wasm"
+PHASES_DIR = ROOT / "target" / "req-probe"
+PHASES_WASM = PHASES_DIR / "kube_peer_proxy_phases.wasm"
+# src/wasm/host.rs `Phase`: the mark after each step of `on_http_request_headers`.
+PHASES = {2: "admit (client headers stripped, identity)", 3: "headers read", 4: "table (generation)",
+          5: "route (parse, keys, lookup)", 6: "act"}
 FLOOR_WASM = ROOT / "target" / "bench-noop" / "kpp_bench_noop.wasm"
 V2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 LOCAL_PATH = "/apis/apps/v1/namespaces/default/deployments/web"
@@ -88,7 +94,7 @@ class Host:
         self.store.set_wasi(wasi)
         linker.define_wasi()
         for imp in module.imports:
-            if imp.module != "env" and imp.name != "kpp_probe_mark":
+            if imp.module != "env":
                 continue
             fn = getattr(self, imp.name, None)
             if fn is None:
@@ -144,8 +150,8 @@ class Host:
 
     # -- the ABI's imports -------------------------------------------------------------------
 
-    def kpp_probe_mark(self, caller, mark):
-        self.marks.append((mark, self.fuel()))
+    def kpp_phase_mark(self, caller, phase):
+        self.marks.append((phase, self.fuel()))
 
     def proxy_log(self, caller, level, ptr, size):
         self.logs.append(self.read(caller, ptr, size).decode(errors="replace"))
@@ -384,6 +390,28 @@ SCENARIOS = [
 ]
 
 
+def build_phases() -> Path:
+    """The filter with `--features phase-marks`, built and optimized like `make build`."""
+    subprocess.run(["cargo", "build", "-q", "--release", "--target", "wasm32-wasip1", "--features", "phase-marks",
+                    "--target-dir", str(PHASES_DIR)], cwd=ROOT, check=True)
+    raw = PHASES_DIR / "wasm32-wasip1" / "release" / "kube_peer_proxy.wasm"
+    subprocess.run(["bash", str(ROOT / "scripts" / "wasm-opt.sh"), str(raw), str(PHASES_WASM)], check=True)
+    return PHASES_WASM
+
+
+def phases(world: World, method, path, extra, n=60) -> dict[str, int]:
+    """Wasm instructions between the phase marks of the last of `n` requests."""
+    for _ in range(n):
+        world.worker.marks.clear()
+        world.request(method, path, extra)
+    out, prev = {}, None
+    for mark, fuel in world.worker.marks:
+        if prev is not None and mark in PHASES:
+            out[PHASES[mark]] = fuel - prev
+        prev = fuel
+    return out
+
+
 def measure(world: World, method, path, extra, n=100, warm=50) -> tuple[dict, Counter, int]:
     runs = []
     calls = Counter()
@@ -404,6 +432,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--floor", type=Path, default=FLOOR_WASM)
     p.add_argument("--before", type=Path, default=None, help="another build of the filter, shown beside")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--no-phases", action="store_true", help="skip the phase-marked build and its table")
     a = p.parse_args(argv)
     rows = []
     floor = World(a.floor, "plain", floor=True)
@@ -424,6 +453,19 @@ def main(argv: list[str]) -> int:
         hc = ", ".join(f"{k.removeprefix('proxy_')} {v}" for k, v in sorted(c.items()))
         over = "—" if key == "floor" else f"{t - ft:+,}"
         w.append(f"| {key}: {title} | {t:,} | {over} | {by} | {hc} |")
+    if not a.no_phases:
+        wasm = build_phases()
+        w += ["", "Where `on_http_request_headers` spends them (a build with `--features phase-marks`, which marks "
+              "each step; wasm instructions between marks):", "",
+              "| request | " + " | ".join(PHASES.values()) + " |", "|---|" + "---:|" * len(PHASES)]
+        for profile in ("plain", "kubeadm"):
+            world = World(wasm, profile, floor=False)
+            for key, title, method, path, extra in SCENARIOS:
+                if profile == "kubeadm" and key not in ("get", "list"):
+                    continue
+                ph = phases(world, method, path, extra)
+                w.append(f"| {profile} {key} | " + " | ".join(f"{ph[p]:,}" if p in ph else "—" for p in PHASES.values())
+                         + " |")
     text = "\n".join(w) + "\n"
     print(text)
     if a.out:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Bounded fuzz smoke for `make test`: each of the 7 targets runs on the committed corpus (read-only; new
-# inputs go to a temporary directory) for FUZZ_SMOKE_SECONDS (default 15 s), so 105 s of fuzzing in all,
+# Bounded fuzz smoke for `make test`: each of the 8 targets runs on the committed corpus (read-only; new
+# inputs go to a temporary directory) for FUZZ_SMOKE_SECONDS (default 15 s), so 120 s of fuzzing in all,
 # after `cargo fuzz build`. Installs the nightly toolchain and cargo-fuzz if missing.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -16,7 +16,7 @@ if ! cargo fuzz --version 2>/dev/null | grep -q "$CARGO_FUZZ_VERSION"; then
     cargo install --locked "cargo-fuzz@$CARGO_FUZZ_VERSION"
 fi
 cargo +nightly fuzz build
-targets=(request_info discovery config leases not_found identity buckets)
+targets=(request_info discovery config leases not_found identity buckets header_map)
 for target in "${targets[@]}"; do
     out="$(mktemp -d)"
     echo "fuzz-smoke: $target for ${SECONDS_EACH}s"

@@ -15,6 +15,13 @@ pub const SERVER_LAST_SUCCESS_AGE: &str = "kube_peer_proxy_server_last_success_a
 /// Every label name used above; the bootstrap gets one `stats_tags` regex per name.
 pub const LABELS: &[&str] = &["code", "group", "version", "resource", "type", "server", "doc"];
 
+/// Whether `v` is written into a name as it is (no byte to replace): the common case, which the
+/// request path compares and hashes byte by byte rather than char by char.
+fn is_clean(v: &str) -> bool {
+    v.bytes()
+        .all(|b| b.is_ascii() && b != b';' && b != b'=' && !b.is_ascii_control())
+}
+
 /// `name;k1=v1;k2=v2`. Values are sanitised so they cannot break the encoding.
 pub fn name(base: &str, labels: &[(&str, &str)]) -> String {
     let mut out = String::from(base);
@@ -44,6 +51,15 @@ pub fn is_name(encoded: &str, base: &str, labels: &[(&str, &str)]) -> bool {
         else {
             return false;
         };
+        if is_clean(v) {
+            match r.strip_prefix(v) {
+                Some(r) => {
+                    rest = r;
+                    continue;
+                }
+                None => return false,
+            }
+        }
         let mut chars = r.chars();
         for c in v.chars() {
             let c = if c == ';' || c == '=' || c.is_control() { '_' } else { c };
@@ -71,6 +87,10 @@ pub fn name_hash(base: &str, labels: &[(&str, &str)]) -> u64 {
         eat(b";");
         eat(k.as_bytes());
         eat(b"=");
+        if is_clean(v) {
+            eat(v.as_bytes());
+            continue;
+        }
         let mut buf = [0u8; 4];
         for c in v.chars() {
             let c = if c == ';' || c == '=' || c.is_control() { '_' } else { c };

@@ -503,3 +503,64 @@ fn subject_to_headers() {
     let identity = parse("CN=x\\0D\\0Ax-remote-group: system:masters").unwrap();
     assert!(names.assert(&identity).is_err());
 }
+
+/// The request path's matcher says what `is_stripped` says, for every name: kubeadm's names, a
+/// custom set with a UID header and two extra prefixes, names in any case, near misses, names that
+/// only Go's non-ASCII case folding matches (KELVIN SIGN, LONG S), and an empty prefix.
+#[test]
+fn stripped_names_match_is_stripped() {
+    let custom = RequestHeaderNames {
+        username: vec!["x-user".into(), "impersonate-me".into()],
+        uid: vec!["x-uid".into()],
+        group: vec!["x-groups".into()],
+        extra_prefix: vec!["x-extra-".into(), "k-".into()],
+    };
+    let everything = RequestHeaderNames {
+        extra_prefix: vec!["".into()],
+        ..RequestHeaderNames::default()
+    };
+    let names = [
+        "",
+        "x",
+        "x-remote-",
+        "X-Remote-User",
+        "x-remote-user",
+        "x-remote-group",
+        "X-REMOTE-EXTRA-scopes",
+        "x-remote-uid",
+        "x-real-ip",
+        "X-Real-Ip",
+        "x-real",
+        "x-real-ipx",
+        "x-forwarded-for",
+        ":path",
+        ":authority",
+        "accept",
+        "authorization",
+        "user-agent",
+        "x-user",
+        "X-User",
+        "x-user2",
+        "impersonate-me",
+        "x-uid",
+        "x-groups",
+        "x-extra-a",
+        "x-extra",
+        "k-1",
+        "K-1",
+        "\u{212A}-1",
+        "x-remote-\u{212A}",
+        "\u{017F}",
+        "x-real-ip\u{017F}",
+        "é",
+        "x-rem\u{17F}te-user",
+    ];
+    for set in [RequestHeaderNames::default(), custom, everything] {
+        let matcher = set.stripped_names();
+        for n in names {
+            assert_eq!(matcher.matches(n.as_bytes()), set.is_stripped(n), "{n:?} with {set:?}");
+        }
+        // Not UTF-8: judged on its lossy text, as the filter does.
+        assert_eq!(matcher.matches(b"x-remote-\xff"), set.is_stripped("x-remote-\u{fffd}"));
+    }
+}

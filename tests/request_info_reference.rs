@@ -9,8 +9,24 @@ mod before;
 use kube_peer_proxy::request::request_info::{self, RequestKind};
 
 const WORDS: &[&str] = &[
-    "", "api", "apis", "v1", "apps", "namespaces", "ns", "pods", "status", "finalize", "watch", "proxy", "name",
-    "sub", "x%2Fy", "%", "a b", "é",
+    "",
+    "api",
+    "apis",
+    "v1",
+    "apps",
+    "namespaces",
+    "ns",
+    "pods",
+    "status",
+    "finalize",
+    "watch",
+    "proxy",
+    "name",
+    "sub",
+    "x%2Fy",
+    "%",
+    "a b",
+    "é",
 ];
 const QUERIES: &[&str] = &[
     "",

@@ -1249,6 +1249,64 @@ fn accept_is_read_only_where_it_can_matter() {
     }
 }
 
+/// The filter reads `:method` and `Accept` only when the decision without them is root discovery
+/// (`LocalDiscovery`) or there is no snapshot yet: every other decision, and its guard, is the same
+/// for any method and Accept. Paths of every kind, under every method, with and without a table.
+#[test]
+fn method_and_accept_matter_only_for_root_discovery() {
+    let t = table();
+    let paths = [
+        "/apis",
+        "/api",
+        "/apis/",
+        "/api/?timeout=32s",
+        "//apis",
+        "/ap%69s",
+        "/%2Fapis",
+        "/healthz",
+        "/readyz",
+        "/version",
+        "/apis/apps",
+        "/apis/apps/v1",
+        "/api/v1",
+        "/api/v1/namespaces/default/pods/p",
+        "/api/v1/namespaces/default/pods?labelSelector=a%3Db",
+        "/api/v1/namespaces/default/pods/p/status",
+        "/api/v1/namespaces/default/pods/p/proxy/x",
+        "/api/v1/watch/namespaces/default/pods",
+        "/api/v1/namespaces/default/pods?fieldSelector=metadata.name%3Dp",
+        "/apis/apps/v1/deployments?watch=1",
+        "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/c",
+        "/apis/nope.io/v1/things",
+        "/api/v1/namespaces/n/finalize",
+        "/apis/lifecycle.k8s.io/v1alpha1/evictionrequests",
+        "/api/v1/watch",
+    ];
+    let methods = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "get", ""];
+    for table in [Some(&t), None] {
+        for path in paths {
+            let at = |method, accept| {
+                let req = RequestFacts {
+                    method,
+                    path,
+                    accept,
+                    peer_proxied: None,
+                };
+                route(&req, table, true, &mut |_| 0, &mut |_| false)
+            };
+            let blind = at("", None);
+            if blind.decision == Decision::Local(LocalReason::LocalDiscovery) || table.is_none() {
+                continue;
+            }
+            for method in methods {
+                for accept in [Some(V2), Some(NOPEER), Some(LEGACY), None] {
+                    assert_eq!(at(method, accept), blind, "{method} {path:?} {accept:?}");
+                }
+            }
+        }
+    }
+}
+
 /// The guard's part of each decision: its mode is chosen where the table is read, and its subject
 /// comes from the one parse of the path (the filter neither parses again nor infers the mode).
 #[test]
@@ -1263,7 +1321,12 @@ fn the_guard_travels_with_the_decision() {
     };
     let mut down = table();
     down.unhealthy = 1 << PEER_B;
-    type GuardRow<'a> = (&'a str, Option<&'a Table>, Decision<'static>, Option<(Mode, Subject<'static>)>);
+    type GuardRow<'a> = (
+        &'a str,
+        Option<&'a Table>,
+        Decision<'static>,
+        Option<(Mode, Subject<'static>)>,
+    );
     let (t, none) = (table(), None);
     #[rustfmt::skip]
     let rows: Vec<GuardRow> = vec![

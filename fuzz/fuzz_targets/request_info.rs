@@ -1,12 +1,32 @@
 //! The path grammar, the routing decision and the 404 guard's question must accept any
 //! method/path/Accept without panicking, against an empty table and against populated ones whose
 //! members are in every state (unknown, stale, unreachable, partly known, membership unknown).
-//! Where `needs_accept` says Accept cannot matter, the decision must be the same without it.
+//! Unless the decision without the method and Accept is root discovery, it must be the same with
+//! them (the filter reads them only then). The classifier answers as the one it replaced
+//! (`tests/reference/request_info_before.rs`).
 #![no_main]
 use kube_peer_proxy::discovery::documents::{parse_aggregated, GroupDiscovery};
-use kube_peer_proxy::request::routing::{decide_with, RequestFacts};
+use kube_peer_proxy::request::request_info::RequestKind;
+use kube_peer_proxy::request::routing::{decide_with, Decision, LocalReason, RequestFacts};
 use kube_peer_proxy::snapshot::{Member, ServerDiscovery, ServerRef, Table};
 use libfuzzer_sys::fuzz_target;
+
+#[path = "../../tests/reference/request_info_before.rs"]
+mod before;
+
+fn view_new(k: &RequestKind) -> String {
+    format!("{k:?}")
+}
+
+fn view_old(k: &before::RequestKind) -> String {
+    match k {
+        before::RequestKind::Resource(r) => format!(
+            "Resource(ResourceRequest {{ verb: {:?}, group: {:?}, version: {:?}, namespace: {:?}, resource: {:?}, name: {:?}, subresource: {:?} }})",
+            r.verb, r.group, r.version, r.namespace, r.resource, r.name, r.subresource
+        ),
+        other => format!("{other:?}"),
+    }
+}
 
 const AGG_133: &[u8] = include_bytes!("../../tests/fixtures/k8s-discovery/aggregated_v2.k8s-1.33.json");
 const AGG_137: &[u8] = include_bytes!("../../tests/fixtures/k8s-discovery/aggregated_v2.k8s-1.37-dev-fork.json");
@@ -62,6 +82,11 @@ fuzz_target!(|data: &[u8]| {
     let path = parts.next().unwrap_or("");
     let accept = parts.next();
     let _ = kube_peer_proxy::request::request_info::parse(method, path);
+    // The allocation-free classifier answers as the one it replaced did.
+    let (mut a, mut b) = (String::new(), String::new());
+    let new = kube_peer_proxy::request::request_info::parse_decoded(method, path, &mut a);
+    let old = before::parse_decoded(method, path, &mut b);
+    assert_eq!(view_new(&new), view_old(&old), "{method} {path}");
     let _ = kube_peer_proxy::request::accept::negotiate(accept);
     let local = ServerRef { name: "a".into(), cluster: "local".into(), local: true, address: None };
     let empty = ServerDiscovery::default();
@@ -69,11 +94,12 @@ fuzz_target!(|data: &[u8]| {
     for t in [Table::build(&[(local, &empty)]), table(state)] {
         let d = decide_with(&facts, Some(&t), true, &mut |n| n / 2, &mut |i| state & (1 << (21 + i % 3)) != 0);
         let _ = kube_peer_proxy::request::guard::question(method, path, Some(&t));
-        // The filter reads Accept only where needs_accept says so: elsewhere it must not matter.
-        if !kube_peer_proxy::request::routing::needs_accept(path) {
-            let without = RequestFacts { accept: None, ..facts.clone() };
-            let d2 = decide_with(&without, Some(&t), true, &mut |n| n / 2, &mut |i| state & (1 << (21 + i % 3)) != 0);
-            assert_eq!(d, d2, "Accept changed the decision for {path:?}");
+        // The filter reads the method and Accept only when the decision without them is root
+        // discovery: elsewhere they must not matter.
+        let blind = RequestFacts { method: "", accept: None, ..facts.clone() };
+        let d2 = decide_with(&blind, Some(&t), true, &mut |n| n / 2, &mut |i| state & (1 << (21 + i % 3)) != 0);
+        if d2 != Decision::Local(LocalReason::LocalDiscovery) {
+            assert_eq!(d, d2, "the method or Accept changed the decision for {path:?}");
         }
     }
     let _ = decide_with(&facts, None, true, &mut |_| 0, &mut |_| false);

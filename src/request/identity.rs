@@ -562,6 +562,43 @@ impl RequestHeaderNames {
         self.is_identity_header(name) || eq_fold(name, REAL_IP_HEADER)
     }
 
+    /// [`RequestHeaderNames::is_stripped`] prepared for the request path (see [`StrippedNames`]).
+    pub fn stripped_names(&self) -> StrippedNames {
+        let lower = |n: &String| n.trim().to_ascii_lowercase().into_bytes().into_boxed_slice();
+        let mut exact: Vec<Box<[u8]>> = self
+            .username
+            .iter()
+            .chain(&self.uid)
+            .chain(&self.group)
+            .map(lower)
+            .collect();
+        exact.push(REAL_IP_HEADER.as_bytes().into());
+        let mut prefixes: Vec<Box<[u8]>> = self.extra_prefix.iter().map(lower).collect();
+        prefixes.push(REMOTE_PREFIX.as_bytes().into());
+        let mut first = [false; 256];
+        let mut any = false;
+        for n in exact.iter().chain(&prefixes) {
+            match n.first() {
+                Some(b) => {
+                    if let Some(f) = first.get_mut(usize::from(*b)) {
+                        *f = true;
+                    }
+                }
+                // An empty prefix starts every name.
+                None => any = true,
+            }
+        }
+        let ascii = exact.iter().chain(&prefixes).all(|n| n.is_ascii());
+        StrippedNames {
+            names: self.clone(),
+            exact,
+            prefixes,
+            first,
+            any,
+            ascii,
+        }
+    }
+
     /// What the filter asserts for a request's verified client certificate (`subject`: Envoy's
     /// `connection.subject_peer_certificate`; `None` or empty without one): the headers to add, none
     /// without a certificate or without a CN (kube-apiserver would not authenticate that certificate
@@ -603,5 +640,50 @@ impl RequestHeaderNames {
             headers.push((group_header.clone(), group.clone()));
         }
         Ok(headers)
+    }
+}
+
+/// Which request header names a client must not send (see [`RequestHeaderNames::is_stripped`]),
+/// checked on every request header of every request: the names are lower-cased once, an ASCII
+/// name is compared byte by byte, and most names are told apart by their first byte. Any other
+/// name (not ASCII, where Go's case folding has non-ASCII cases) is checked as `is_stripped` does.
+#[derive(Debug, Clone)]
+pub struct StrippedNames {
+    names: RequestHeaderNames,
+    exact: Vec<Box<[u8]>>,
+    prefixes: Vec<Box<[u8]>>,
+    /// First bytes (lower case) of the exact names and prefixes.
+    first: [bool; 256],
+    /// Some prefix is empty.
+    any: bool,
+    /// Every configured name is ASCII (else every name takes `is_stripped`'s way).
+    ascii: bool,
+}
+
+impl StrippedNames {
+    /// Whether a header named `name` must be removed: what `is_stripped` says of it as text.
+    pub fn matches(&self, name: &[u8]) -> bool {
+        if !(self.ascii && name.is_ascii()) {
+            return self.names.is_stripped(&String::from_utf8_lossy(name));
+        }
+        if self.any {
+            return true;
+        }
+        let Some(head) = name.first() else {
+            return self.exact.iter().any(|n| n.is_empty());
+        };
+        if !self
+            .first
+            .get(usize::from(head.to_ascii_lowercase()))
+            .copied()
+            .unwrap_or(false)
+        {
+            return false;
+        }
+        self.exact.iter().any(|n| n.eq_ignore_ascii_case(name))
+            || self
+                .prefixes
+                .iter()
+                .any(|p| name.get(..p.len()).is_some_and(|h| h.eq_ignore_ascii_case(p)))
     }
 }

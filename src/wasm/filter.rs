@@ -13,7 +13,7 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, MapType};
 
 use super::asking::{Asking, Progress};
-use super::host;
+use super::host::{self, Phase};
 use super::merged::MergedReply;
 use super::worker::Shared;
 use crate::header_map;
@@ -21,11 +21,11 @@ use crate::metrics;
 use crate::passive_health::{self, Upstream};
 use crate::request::forward::{self, ToPeer};
 use crate::request::guard::{Conversation, Target, Verdict};
-use crate::request::identity::RequestHeaderNames;
+use crate::request::identity::{RequestHeaderNames, StrippedNames};
 use crate::request::readiness;
 use crate::request::reply::{LocalReply, ProxyError};
 use crate::request::request_info;
-use crate::request::routing::{self, Decision, Guard, Gvr, Mode, RequestFacts, Route, Subject};
+use crate::request::routing::{self, Decision, Guard, Gvr, LocalReason, Mode, RequestFacts, Route, Subject};
 use crate::snapshot::{ServerRef, Table};
 use crate::PEER_PROXIED_HEADER;
 
@@ -80,40 +80,45 @@ impl Context for PeerProxy {
 
 impl HttpContext for PeerProxy {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        host::mark(Phase::Start);
         if let Err(refused) = self.admit() {
             return refused;
         }
-        let method = host::header(REQUEST, ":method").unwrap_or_default();
+        host::mark(Phase::Admitted);
         let path = host::header(REQUEST, ":path").unwrap_or_default();
-        // Only `/api` and `/apis` can be answered with a merged document, whose pieces are read for
-        // the newest generation: those look at the table now.
-        let root = routing::needs_accept(&path);
-        let accept = root.then(|| host::header(REQUEST, "accept")).flatten();
         let proxied = host::header(REQUEST, PEER_PROXIED_HEADER);
-        let facts = RequestFacts {
-            method: &method,
-            path: &path,
-            accept: accept.as_deref(),
-            peer_proxied: proxied.as_deref(),
+        host::mark(Phase::HeadersRead);
+        let table = self.shared.table();
+        // The method matters only before the first snapshot (the readiness paths) and for `/api`
+        // and `/apis` (merged discovery is for GETs): every other decision is the same for any
+        // method and Accept (`tests/routing.rs`), so they are read only when the first decision
+        // says the request is root discovery.
+        let method = match table {
+            None => host::header(REQUEST, ":method").unwrap_or_default(),
+            Some(_) => String::new(),
         };
-        let table = if root { self.shared.table_now() } else { self.shared.table() };
         if let Some(body) = readiness::not_ready(&method, &path, table.is_some()) {
             log::debug!("kube-peer-proxy: {method} {path}: not ready, no discovery snapshot yet");
             return self.shared.send(&LocalReply::not_ready(body), None);
         }
-        let shared = &self.shared;
-        let merged_discovery = shared.config.merged_discovery;
-        let route = routing::route(
-            &facts,
-            table.as_deref(),
-            merged_discovery,
-            &mut |n| shared.pick(n),
-            &mut |i| shared.is_down(i),
-        );
-        let action = self.act(route, table, &facts);
-        if self.guard.is_some() {
-            self.request = Some(Guarded { method, path });
+        host::mark(Phase::TableRead);
+        let merged_discovery = self.shared.config.merged_discovery;
+        let first = self.route(&method, &path, None, proxied.as_deref(), table.as_deref());
+        host::mark(Phase::Routed);
+        if !(merged_discovery && first.decision == Decision::Local(LocalReason::LocalDiscovery)) {
+            let action = self.act(first, table, &method, &path);
+            self.keep_for_guard(method, path);
+            host::mark(Phase::Acted);
+            return action;
         }
+        // `/api` or `/apis`: decided again with the method and Accept, on the newest snapshot (a
+        // merged document's pieces are read for it).
+        let method = host::header(REQUEST, ":method").unwrap_or_default();
+        let accept = host::header(REQUEST, "accept");
+        let table = self.shared.table_now();
+        let route = self.route(&method, &path, accept.as_deref(), proxied.as_deref(), table.as_deref());
+        let action = self.act(route, table, &method, &path);
+        self.keep_for_guard(method, path);
         action
     }
 
@@ -156,19 +161,50 @@ impl PeerProxy {
                 host::set_header(REQUEST, name, None);
             }
         }
-        let Some(names) = &config.client_identity else {
+        let (Some(names), Some(stripped)) = (&config.client_identity, &self.shared.stripped) else {
             return Ok(());
         };
-        let Err(message) = assert_client_identity(names) else {
+        let Err(message) = assert_client_identity(names, stripped) else {
             return Ok(());
         };
         log::warn!("kube-peer-proxy: refusing a request: {message}");
         Err(self.shared.send(&LocalReply::unauthorized(&message), None))
     }
 
+    /// [`routing::route`] with this worker's picks and passive-health marks.
+    fn route<'a>(
+        &self,
+        method: &'a str,
+        path: &'a str,
+        accept: Option<&'a str>,
+        peer_proxied: Option<&'a str>,
+        table: Option<&Table>,
+    ) -> Route<'a> {
+        let facts = RequestFacts {
+            method,
+            path,
+            accept,
+            peer_proxied,
+        };
+        let shared = &self.shared;
+        routing::route(
+            &facts,
+            table,
+            shared.config.merged_discovery,
+            &mut |n| shared.pick(n),
+            &mut |i| shared.is_down(i),
+        )
+    }
+
+    /// A guarded request's method and path, for its subject on a 404.
+    fn keep_for_guard(&mut self, method: String, path: String) {
+        if self.guard.is_some() {
+            self.request = Some(Guarded { method, path });
+        }
+    }
+
     /// Carries out a routing decision.
-    fn act(&mut self, route: Route, table: Option<Rc<Table>>, facts: &RequestFacts) -> Action {
-        let (method, path) = (facts.method, facts.path);
+    fn act(&mut self, route: Route, table: Option<Rc<Table>>, method: &str, path: &str) -> Action {
         match route.decision {
             Decision::Local(reason) | Decision::Guarded { reason, .. } => {
                 let mode = route.guard.as_ref().map(|g| g.mode);
@@ -298,14 +334,13 @@ struct Guarded {
 /// identity of a verified client certificate as kube-apiserver's x509 authenticator would see it
 /// ([`RequestHeaderNames::assertion`]). Envoy verified the certificate (chain, expiry, client-auth
 /// purpose) or refused the handshake.
-fn assert_client_identity(names: &RequestHeaderNames) -> Result<(), String> {
+fn assert_client_identity(names: &RequestHeaderNames, stripped: &StrippedNames) -> Result<(), String> {
     let pairs = host::header_pairs(REQUEST);
-    let stripped: Vec<String> = header_map::pairs(&pairs)
-        .map(|(name, _)| String::from_utf8_lossy(name))
-        .filter(|name| names.is_stripped(name))
-        .map(|name| name.into_owned())
+    let found: Vec<String> = header_map::pairs(&pairs)
+        .filter(|(name, _)| stripped.matches(name))
+        .map(|(name, _)| String::from_utf8_lossy(name).into_owned())
         .collect();
-    for name in stripped {
+    for name in found {
         host::set_header(REQUEST, &name, None);
     }
     let subject = host::property(&["connection", "subject_peer_certificate"]);

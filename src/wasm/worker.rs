@@ -15,6 +15,7 @@ use crate::config::Config;
 use crate::metrics;
 use crate::passive_health;
 use crate::request::guard::Target;
+use crate::request::identity::StrippedNames;
 use crate::request::reply::LocalReply;
 use crate::request::response;
 use crate::request::routing::Gvr;
@@ -29,6 +30,8 @@ pub const RECHECK_MS: u64 = 100;
 /// Per-VM state shared by every request on this worker.
 pub struct Shared {
     pub config: Config,
+    /// `config.client_identity`'s names clients must not send, prepared once.
+    pub stripped: Option<StrippedNames>,
     cache: RefCell<Cache>,
     metrics: RefCell<Metrics>,
     rng: Cell<u64>,
@@ -49,6 +52,7 @@ impl Shared {
     pub fn new(config: Config, seed: u32) -> Shared {
         let seed = host::now_ms() ^ (u64::from(seed) << 32) ^ 0x9E37_79B9_7F4A_7C15;
         Shared {
+            stripped: config.client_identity.as_ref().map(|n| n.stripped_names()),
             config,
             cache: RefCell::new(Cache::default()),
             metrics: RefCell::new(Metrics::default()),
