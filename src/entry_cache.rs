@@ -13,7 +13,9 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::BuildHasherDefault;
+
+use crate::fnv::Fnv64;
 
 /// Keys and their members' bit sets, for one table head (one key-set version).
 #[derive(Debug, Default)]
@@ -76,28 +78,6 @@ impl Clone for EntryCache {
     /// A copy of a table starts with no remembered entries (its lookups fill its own).
     fn clone(&self) -> Self {
         EntryCache::default()
-    }
-}
-
-/// FNV-1a: table keys are short, and the std hasher's per-map random seed (SipHash) costs a WASI
-/// random call per new head and more instructions per key. Keys come from request paths, so a client
-/// can choose them, but the map never holds more than [`EntryCache::CAPACITY`]: colliding keys cost
-/// at most that many comparisons, and churning the cache only sends lookups back to shared data.
-#[derive(Default)]
-pub struct Fnv64(u64);
-
-impl Hasher for Fnv64 {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        let mut h = if self.0 == 0 { 0xcbf2_9ce4_8422_2325 } else { self.0 };
-        for b in bytes {
-            h ^= u64::from(*b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        self.0 = h;
     }
 }
 

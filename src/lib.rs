@@ -15,6 +15,7 @@
 pub mod config;
 pub mod discovery;
 pub mod entry_cache;
+pub mod fnv;
 pub mod header_map;
 pub mod metrics;
 pub mod passive_health;

@@ -3,6 +3,11 @@
 //! `;label=value` and turned back into Prometheus labels by the bootstrap's `stats_tags`
 //! (see `python/kpp/render.py`).
 
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use crate::fnv::Fnv64;
+
 pub const REROUTED: &str = "kube_peer_proxy_rerouted_request_total";
 pub const PROXY_ERRORS: &str = "kube_peer_proxy_peer_proxy_errors_total";
 pub const SYNC_ERRORS: &str = "kube_peer_proxy_discovery_sync_errors_total";
@@ -14,13 +19,6 @@ pub const SERVER_LAST_SUCCESS_AGE: &str = "kube_peer_proxy_server_last_success_a
 
 /// Every label name used above; the bootstrap gets one `stats_tags` regex per name.
 pub const LABELS: &[&str] = &["code", "group", "version", "resource", "type", "server", "doc"];
-
-/// Whether `v` is written into a name as it is (no byte to replace): the common case, which the
-/// request path compares and hashes byte by byte rather than char by char.
-fn is_clean(v: &str) -> bool {
-    v.bytes()
-        .all(|b| b.is_ascii() && b != b';' && b != b'=' && !b.is_ascii_control())
-}
 
 /// `name;k1=v1;k2=v2`. Values are sanitised so they cannot break the encoding.
 pub fn name(base: &str, labels: &[(&str, &str)]) -> String {
@@ -37,65 +35,54 @@ pub fn name(base: &str, labels: &[(&str, &str)]) -> String {
     out
 }
 
-/// Whether `encoded` is exactly [`name`]`(base, labels)`, compared without building that string,
-/// so a cached metric id is found per request without formatting its name.
-pub fn is_name(encoded: &str, base: &str, labels: &[(&str, &str)]) -> bool {
-    let Some(mut rest) = encoded.strip_prefix(base) else {
-        return false;
-    };
-    for (k, v) in labels {
-        let Some(r) = rest
-            .strip_prefix(';')
-            .and_then(|r| r.strip_prefix(k))
-            .and_then(|r| r.strip_prefix('='))
-        else {
-            return false;
-        };
-        if is_clean(v) {
-            match r.strip_prefix(v) {
-                Some(r) => {
-                    rest = r;
-                    continue;
-                }
-                None => return false,
-            }
-        }
-        let mut chars = r.chars();
-        for c in v.chars() {
-            let c = if c == ';' || c == '=' || c.is_control() { '_' } else { c };
-            if chars.next() != Some(c) {
-                return false;
-            }
-        }
-        rest = chars.as_str();
-    }
-    rest.is_empty()
+/// The ids of the labelled counters a VM defined, found by base and label values: a request
+/// formats no metric name once its label set was seen (Envoy stats have no labels, so each label
+/// set is its own stat, defined once per VM). Bounded: past [`LabelledIds::CAPACITY`] label sets
+/// (label values come from request paths) it forgets them all, and the next ones are defined again
+/// (Envoy finds the same stat by name).
+#[derive(Default)]
+pub struct LabelledIds {
+    sets: HashMap<u64, Vec<LabelledId>, BuildHasherDefault<Fnv64>>,
+    len: usize,
 }
 
-/// A hash of [`name`]`(base, labels)` computed from the parts (FNV-1a 64 over the same bytes), the
-/// key of the per-VM metric id cache.
-pub fn name_hash(base: &str, labels: &[(&str, &str)]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |bytes: &[u8]| {
-        for b in bytes {
-            h ^= u64::from(*b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+struct LabelledId {
+    base: Box<str>,
+    values: Box<[Box<str>]>,
+    id: u32,
+}
+
+impl LabelledIds {
+    pub const CAPACITY: usize = 4096;
+
+    /// The id of `base` with `labels`: known, or `define(name(base, labels))` remembered.
+    pub fn id(&mut self, base: &str, labels: &[(&str, &str)], define: impl FnOnce(&str) -> Option<u32>) -> Option<u32> {
+        let mut h = Fnv64::default();
+        h.write(base.as_bytes());
+        for (_, v) in labels {
+            h.write(&[0]);
+            h.write(v.as_bytes());
         }
-    };
-    eat(base.as_bytes());
-    for (k, v) in labels {
-        eat(b";");
-        eat(k.as_bytes());
-        eat(b"=");
-        if is_clean(v) {
-            eat(v.as_bytes());
-            continue;
+        let key = h.finish();
+        let same = |l: &LabelledId| {
+            *l.base == *base
+                && l.values.len() == labels.len()
+                && l.values.iter().zip(labels).all(|(a, (_, b))| **a == **b)
+        };
+        if let Some(l) = self.sets.get(&key).and_then(|slot| slot.iter().find(|l| same(l))) {
+            return Some(l.id);
         }
-        let mut buf = [0u8; 4];
-        for c in v.chars() {
-            let c = if c == ';' || c == '=' || c.is_control() { '_' } else { c };
-            eat(c.encode_utf8(&mut buf).as_bytes());
+        let id = define(&name(base, labels))?;
+        if self.len >= Self::CAPACITY {
+            self.sets.clear();
+            self.len = 0;
         }
+        self.sets.entry(key).or_default().push(LabelledId {
+            base: base.into(),
+            values: labels.iter().map(|(_, v)| Box::<str>::from(*v)).collect(),
+            id,
+        });
+        self.len += 1;
+        Some(id)
     }
-    h
 }

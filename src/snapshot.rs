@@ -29,10 +29,12 @@ pub const KEY_MERGED_API: &str = "kube-peer-proxy.v1/merged/api";
 pub const KEY_MERGED_APIS_LEGACY: &str = "kube-peer-proxy.v1/merged/apis-legacy";
 
 /// A merged document up to this size is published whole and every worker keeps a copy (a fast
-/// answer for the common cluster, whose `/apis` is 30–300 KB). A larger one (thousands of CRDs) is
-/// published in [`CHUNK`]-sized pieces that a worker copies into the response one at a time, so no
-/// worker VM holds it (wasm linear memory never shrinks: one copy would stay resident per worker).
-pub const WHOLE_LIMIT: usize = 1 << 20;
+/// answer for a small cluster). A larger one is published in [`CHUNK`]-sized pieces that a worker
+/// copies into the response one at a time, so no worker VM holds it: wasm linear memory never
+/// shrinks, so a copy stays resident per worker, and Envoy's allocator keeps the host's copy of it
+/// in each worker thread's cache. With 1 MiB here, the 109 KB legacy `/apis` of 20 000 CRD
+/// resources cost about 7 MiB at 32 workers (`make bench`'s worker sweep).
+pub const WHOLE_LIMIT: usize = 64 << 10;
 /// Piece size of a chunked document (see [`chunk_key`]).
 pub const CHUNK: usize = 256 << 10;
 

@@ -149,13 +149,13 @@ pub fn set_shared(key: &str, value: &[u8]) -> bool {
     }
 }
 
-/// Metric ids by full (label-encoded) name, defined on first use. Envoy's `define_metric` returns a
-/// new id on every call (for the same stat), so ids are cached per name; labelled counters are
-/// found by a hash of their parts, so a request formats no metric name once its label set was seen.
+/// Metric ids by full name, defined on first use. Envoy's `define_metric` returns a new id on every
+/// call (for the same stat), so ids are cached per name; labelled counters are found by their label
+/// values ([`metrics::LabelledIds`]), so a request formats no metric name once its label set was seen.
 #[derive(Default)]
 pub struct Metrics {
     ids: HashMap<(MetricKind, String), u32>,
-    labelled: HashMap<u64, Vec<(String, u32)>>,
+    labelled: metrics::LabelledIds,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -190,19 +190,7 @@ impl Metrics {
 
     /// Counter `base` with `labels` (see [`crate::metrics::name`]) incremented by one.
     pub fn inc_labelled(&mut self, base: &str, labels: &[(&str, &str)]) {
-        let slot = self.labelled.entry(metrics::name_hash(base, labels)).or_default();
-        let id = match slot.iter().find(|(n, _)| metrics::is_name(n, base, labels)) {
-            Some((_, id)) => Some(*id),
-            None => {
-                let name = metrics::name(base, labels);
-                let id = define(MetricKind::Counter, &name);
-                if let Some(id) = id {
-                    slot.push((name, id));
-                }
-                id
-            }
-        };
-        if let Some(id) = id {
+        if let Some(id) = self.labelled.id(base, labels, |name| define(MetricKind::Counter, name)) {
             let _ = hostcalls::increment_metric(id, 1);
         }
     }
