@@ -20,6 +20,12 @@ use crate::request::routing::MergedDoc;
 
 /// Shared-data keys. Values are written table/documents first and generation last.
 pub const KEY_GENERATION: &str = "kube-peer-proxy.v1/generation";
+/// Written (empty) after the generation key whenever a snapshot is published: its CAS (the host's
+/// counter of writes) tells a worker that something was published since it last looked. A worker
+/// reads it on every request: an empty value costs no copy into the VM and a key of 15 bytes or
+/// fewer no allocation in the host (proxy-wasm-cpp-host `SharedData::get`), so a request sees the
+/// newest snapshot for the price of one cheap host call.
+pub const KEY_PUBLISHED: &str = "kpp.v1/publish";
 /// The table's head: everything but the keys, which are in buckets of their own ([`bucket_key`]).
 pub const KEY_TABLE: &str = "kube-peer-proxy.v1/table";
 /// Prefix of the table's key buckets.
@@ -285,25 +291,66 @@ fn key(parts: &[&str]) -> String {
 
 /// A table key by its parts, written out only into a buffer (see [`Table::servers_for_key`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Key<'a> {
-    /// [`group_key`]
-    Group(&'a str),
-    /// [`version_key`]
-    Version(&'a str, &'a str),
-    /// [`resource_key`]
-    Resource(&'a str, &'a str, &'a str),
-    /// [`subresource_key`]
-    Subresource(&'a str, &'a str, &'a str, &'a str),
+pub struct Key<'a> {
+    kind: &'static str,
+    parts: [&'a str; 4],
+    len: usize,
 }
 
-impl Key<'_> {
-    /// The key's text into `buf` (cleared first).
+impl<'a> Key<'a> {
+    /// [`group_key`]
+    pub fn group(g: &'a str) -> Key<'a> {
+        Key {
+            kind: "g",
+            parts: [g, "", "", ""],
+            len: 1,
+        }
+    }
+
+    /// [`version_key`]
+    pub fn version(g: &'a str, v: &'a str) -> Key<'a> {
+        Key {
+            kind: "v",
+            parts: [g, v, "", ""],
+            len: 2,
+        }
+    }
+
+    /// [`resource_key`]
+    pub fn resource(g: &'a str, v: &'a str, r: &'a str) -> Key<'a> {
+        Key {
+            kind: "r",
+            parts: [g, v, r, ""],
+            len: 3,
+        }
+    }
+
+    /// [`subresource_key`]
+    pub fn subresource(g: &'a str, v: &'a str, r: &'a str, sub: &'a str) -> Key<'a> {
+        Key {
+            kind: "s",
+            parts: [g, v, r, sub],
+            len: 4,
+        }
+    }
+
+    /// The first part of its text: what kind of key it is.
+    pub fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    /// The parts after [`Key::kind`].
+    pub fn parts(&self) -> &[&'a str] {
+        self.parts.get(..self.len).unwrap_or(&[])
+    }
+
+    /// The key's text into `buf` (cleared first): `kind/part/part…`.
     pub fn write(&self, buf: &mut String) {
-        match *self {
-            Key::Group(g) => key_into(buf, &["g", g]),
-            Key::Version(g, v) => key_into(buf, &["v", g, v]),
-            Key::Resource(g, v, r) => key_into(buf, &["r", g, v, r]),
-            Key::Subresource(g, v, r, s) => key_into(buf, &["s", g, v, r, s]),
+        buf.clear();
+        buf.push_str(self.kind);
+        for p in self.parts() {
+            buf.push('/');
+            buf.push_str(p);
         }
     }
 }
@@ -471,19 +518,26 @@ impl Table {
         match self.key_source {
             KeySource::InTable => self.keys.get(key).copied().unwrap_or(0),
             KeySource::Shared(_) if key.starts_with(UNKNOWN_PREFIX) => self.keys.get(key).copied().unwrap_or(0),
-            KeySource::Shared(read) => self.looked_up.get_or_read(key, |key| {
-                read(&bucket_key(self.keys_slot, bucket_of(key, self.keys_buckets)))
-                    .and_then(|v| bucket_lookup(self.keys_version, &v, key))
-            }),
+            KeySource::Shared(read) => self.looked_up.get_or_read(key, |key| self.read_bucket(read, key)),
         }
     }
 
-    /// [`Table::servers_for`] of `key`, written into a buffer this table keeps: a request routes
-    /// without allocating its keys.
+    /// [`Table::servers_for`] of `key`: a filter VM looks it up by its parts in what it remembers
+    /// ([`EntryCache`]), so a request routes without formatting its keys.
     pub fn servers_for_key(&self, key: &Key) -> u64 {
-        let mut buf = self.looked_up.scratch();
-        key.write(&mut buf);
-        self.servers_for(&buf)
+        match self.key_source {
+            KeySource::Shared(read) => self.looked_up.get_or_read(key, |text| self.read_bucket(read, text)),
+            KeySource::InTable => {
+                let mut text = String::new();
+                key.write(&mut text);
+                self.servers_for(&text)
+            }
+        }
+    }
+
+    fn read_bucket(&self, read: fn(&str) -> Option<Vec<u8>>, key: &str) -> Option<u64> {
+        read(&bucket_key(self.keys_slot, bucket_of(key, self.keys_buckets)))
+            .and_then(|v| bucket_lookup(self.keys_version, &v, key))
     }
 
     /// The shared-data buckets of this table's keys (the `u/` keys stay in the head), for its

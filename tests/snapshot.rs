@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use kube_peer_proxy::snapshot::{
     bucket_count, bucket_key, bucket_lookup, bucket_of, chunk_key, etag, group_key, put_document, resource_key,
-    subresource_key, tag, unknown_key, untag, version_key, KeySource, ServerDiscovery, ServerRef, Table, CHUNK,
+    subresource_key, tag, unknown_key, untag, version_key, Key, KeySource, ServerDiscovery, ServerRef, Table, CHUNK,
     MAX_SERVERS, WHOLE_LIMIT,
 };
 
@@ -399,6 +399,19 @@ fn a_head_reads_its_entries_from_shared_data() {
     }
     for (key, bits) in &table.keys {
         assert_eq!(view.servers_for(key), *bits, "{key}");
+    }
+    // By parts, as routing asks: the same answers, from what the view remembers or shared data.
+    for (key, bits) in table.keys.iter().filter(|(k, _)| !k.starts_with("u/")) {
+        let parts: Vec<&str> = key.split('/').collect();
+        let k = match parts[..] {
+            ["g", g] => Key::group(g),
+            ["v", g, v] => Key::version(g, v),
+            ["r", g, v, r] => Key::resource(g, v, r),
+            ["s", g, v, r, sub] => Key::subresource(g, v, r, sub),
+            _ => continue,
+        };
+        assert_eq!(view.servers_for_key(&k), *bits, "{key}");
+        assert_eq!(table.servers_for_key(&k), *bits, "{key}");
     }
     for key in [
         resource_key("nope.io", "v1", "x"),

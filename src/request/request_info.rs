@@ -140,8 +140,7 @@ pub fn parse<'a>(method: &str, full_path: &'a str) -> RequestKind<'a> {
 /// (then [`parse_decoded`] decodes it into a buffer). One pass over the path's bytes: this runs on
 /// every request.
 pub fn parse_undecoded<'a>(method: &str, full_path: &'a str) -> Option<RequestKind<'a>> {
-    let (path, query) = split_path(full_path);
-    let parts = Parts::scan(path)?;
+    let (parts, query) = Parts::scan(full_path)?;
     Some(classify(method, &parts, query))
 }
 
@@ -158,18 +157,54 @@ impl<'a> Parts<'a> {
     const KEPT: usize = 10;
 
     fn of(path: &'a str) -> Parts<'a> {
-        Parts::split(path, false).unwrap_or(Parts {
+        Parts::split(path)
+    }
+
+    /// [`Parts::of`] the path of a `:path` (up to its first `?`) and its query, in one pass; `None`
+    /// if the path has a `%` (an escape to decode first). Empty segments between slashes are held
+    /// back until a segment follows, so trailing slashes end up trimmed as [`Parts::of`] trims them.
+    fn scan(full: &'a str) -> Option<(Parts<'a>, &'a str)> {
+        let mut parts = Parts {
             first: [""; Parts::KEPT],
             len: 0,
-        })
+        };
+        let bytes = full.as_bytes();
+        let mut i = 0;
+        while bytes.get(i) == Some(&b'/') {
+            i += 1;
+        }
+        let mut from = i;
+        let mut empty = 0usize;
+        loop {
+            let b = bytes.get(i).copied();
+            match b {
+                Some(b'%') => return None,
+                Some(b'/') | Some(b'?') | None => {
+                    if i > from {
+                        for _ in 0..empty {
+                            parts.push("");
+                        }
+                        empty = 0;
+                        parts.push(full.get(from..i).unwrap_or(""));
+                    } else if b == Some(b'/') {
+                        empty += 1;
+                    }
+                    if b != Some(b'/') {
+                        let query = match b {
+                            Some(_) => full.get(i + 1..).unwrap_or(""),
+                            None => "",
+                        };
+                        return Some((parts, query));
+                    }
+                    from = i + 1;
+                }
+                _ => {}
+            }
+            i += 1;
+        }
     }
 
-    /// [`Parts::of`], or `None` if the path has a `%` (an escape to decode first).
-    fn scan(path: &'a str) -> Option<Parts<'a>> {
-        Parts::split(path, true)
-    }
-
-    fn split(path: &'a str, refuse_escapes: bool) -> Option<Parts<'a>> {
+    fn split(path: &'a str) -> Parts<'a> {
         let mut parts = Parts {
             first: [""; Parts::KEPT],
             len: 0,
@@ -193,7 +228,6 @@ impl<'a> Parts<'a> {
                     parts.push(path.get(from..i).unwrap_or(""));
                     from = i + 1;
                 }
-                Some(b'%') if refuse_escapes => return None,
                 _ => {}
             }
             i += 1;
@@ -201,7 +235,7 @@ impl<'a> Parts<'a> {
         if end > start {
             parts.push(path.get(from..end).unwrap_or(""));
         }
-        Some(parts)
+        parts
     }
 
     fn push(&mut self, segment: &'a str) {

@@ -143,14 +143,14 @@ impl<'a> Subject<'a> {
     pub fn keys(&self) -> (Key<'_>, Option<Key<'_>>) {
         let g = &self.gvr;
         match self.kind {
-            Kind::Document if g.version.is_empty() => (Key::Group(&g.group), None),
-            Kind::Document => (Key::Version(&g.group, &g.version), None),
+            Kind::Document if g.version.is_empty() => (Key::group(&g.group), None),
+            Kind::Document => (Key::version(&g.group, &g.version), None),
             Kind::Resource => {
-                let rkey = Key::Resource(&g.group, &g.version, &g.resource);
+                let rkey = Key::resource(&g.group, &g.version, &g.resource);
                 if self.subresource.is_empty() {
                     (rkey, None)
                 } else {
-                    let skey = Key::Subresource(&g.group, &g.version, &g.resource, &self.subresource);
+                    let skey = Key::subresource(&g.group, &g.version, &g.resource, &self.subresource);
                     (skey, Some(rkey))
                 }
             }

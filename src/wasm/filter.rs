@@ -32,20 +32,23 @@ use crate::PEER_PROXIED_HEADER;
 const REQUEST: MapType = MapType::HttpRequestHeaders;
 const RESPONSE: MapType = MapType::HttpResponseHeaders;
 
+/// One request's state. What only some requests need (a reroute, a merged answer, a 404 waiting
+/// for answers) is boxed: every request creates and drops this.
 pub struct PeerProxy {
     shared: Rc<Shared>,
     /// Set when this request was sent to a peer: what for, and which target (cluster or address).
-    rerouted: Option<(Gvr<'static>, String)>,
+    rerouted: Option<Box<(Gvr<'static>, String)>>,
     /// Set when the local server's discovery answer is to be replaced by a merged document.
-    merged: Option<MergedReply>,
+    merged: Option<Box<MergedReply>>,
     /// Set for requests a 404 guard applies to: its mode, and the server that answers (`None`: the
-    /// local one). What it asks about is read again from the request on a 404 (see [`Guarded`]).
+    /// local one). What it asks about is parsed again from `path` on a 404 (rare), rather than every
+    /// request copying its subject out of the path.
     guard: Option<(Mode, Option<Target>)>,
-    /// The method and path of a guarded request: on a 404 (rare) its subject is parsed from them
-    /// again instead of every request copying it out of the path.
-    request: Option<Guarded>,
+    /// A guarded request's `:path` (Envoy does not show a filter the request headers while it
+    /// handles the response).
+    path: String,
     /// A 404 waiting for discovery answers.
-    asking: Option<Asking>,
+    asking: Option<Box<Asking>>,
 }
 
 impl PeerProxy {
@@ -55,7 +58,7 @@ impl PeerProxy {
             rerouted: None,
             merged: None,
             guard: None,
-            request: None,
+            path: String::new(),
             asking: None,
         }
     }
@@ -65,9 +68,11 @@ impl Context for PeerProxy {
     /// A discovery answer about a waiting 404; the response resumes (or is replaced) once the
     /// last one is in.
     fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _trailers: usize) {
-        let Some(asking) = self.asking.take() else { return };
+        let Some(asking) = self.asking.take().map(|a| *a) else {
+            return;
+        };
         match asking.on_answer(&self.shared, token, num_headers, body_size) {
-            Progress::Waiting(asking) => self.asking = Some(asking),
+            Progress::Waiting(asking) => self.asking = Some(Box::new(asking)),
             Progress::Done(Verdict::Stand) => {
                 if let Err(e) = hostcalls::resume_http_response() {
                     log::error!("kube-peer-proxy: cannot resume a response: {e:?}");
@@ -107,18 +112,16 @@ impl HttpContext for PeerProxy {
         host::mark(Phase::Routed);
         if !(merged_discovery && first.decision == Decision::Local(LocalReason::LocalDiscovery)) {
             let action = self.act(first, table, &method, &path);
-            self.keep_for_guard(method, path);
+            self.keep_path(path);
             host::mark(Phase::Acted);
             return action;
         }
-        // `/api` or `/apis`: decided again with the method and Accept, on the newest snapshot (a
-        // merged document's pieces are read for it).
+        // `/api` or `/apis`: decided again with the method and Accept.
         let method = host::header(REQUEST, ":method").unwrap_or_default();
         let accept = host::header(REQUEST, "accept");
-        let table = self.shared.table_now();
         let route = self.route(&method, &path, accept.as_deref(), proxied.as_deref(), table.as_deref());
         let action = self.act(route, table, &method, &path);
-        self.keep_for_guard(method, path);
+        self.keep_path(path);
         action
     }
 
@@ -196,10 +199,10 @@ impl PeerProxy {
         )
     }
 
-    /// A guarded request's method and path, for its subject on a 404.
-    fn keep_for_guard(&mut self, method: String, path: String) {
+    /// A guarded request's path, for its subject on a 404 (moved, not copied).
+    fn keep_path(&mut self, path: String) {
         if self.guard.is_some() {
-            self.request = Some(Guarded { method, path });
+            self.path = path;
         }
     }
 
@@ -217,7 +220,7 @@ impl PeerProxy {
                 self.shared.send(&reply, Some(&gvr))
             }
             Decision::Merged(doc) => {
-                self.merged = table.map(|table| MergedReply::start(&self.shared, doc, table));
+                self.merged = table.map(|table| Box::new(MergedReply::start(&self.shared, doc, table)));
                 Action::Continue
             }
             Decision::Peer { index, gvr } => {
@@ -249,7 +252,7 @@ impl PeerProxy {
             }
             ToPeer::NoAddressHeader => return,
         }
-        self.rerouted = Some((gvr, server.target().to_string()));
+        self.rerouted = Some(Box::new((gvr, server.target().to_string())));
         let target = Target {
             cluster: server.cluster.clone(),
             address: server.address.clone(),
@@ -260,7 +263,7 @@ impl PeerProxy {
     /// A rerouted request's answer: counted, and Envoy's own reply for a connect failure marks the
     /// peer down (see [`passive_health`]).
     fn rerouted_response_headers(&mut self, code: &str) {
-        let Some((gvr, target)) = self.rerouted.take() else {
+        let Some((gvr, target)) = self.rerouted.take().map(|r| *r) else {
             return;
         };
         let labels = [
@@ -295,11 +298,10 @@ impl PeerProxy {
         let Some((mode, target)) = self.guard.take().filter(|_| status == "404") else {
             return Action::Continue;
         };
-        let Some(request) = self.request.take() else {
-            return Action::Continue;
-        };
+        // The subject depends on the path alone (not on the method: `tests/routing.rs`).
+        let path = std::mem::take(&mut self.path);
         let mut decoded = String::new();
-        let kind = request_info::parse_decoded(&request.method, &request.path, &mut decoded);
+        let kind = request_info::parse_decoded("", &path, &mut decoded);
         let Some(subject) = Subject::of(&kind) else {
             return Action::Continue;
         };
@@ -316,17 +318,11 @@ impl PeerProxy {
                     "kube-peer-proxy: a 404 for {:?} waits for discovery answers",
                     guard.subject.gvr
                 );
-                self.asking = Some(asking);
+                self.asking = Some(Box::new(asking));
                 Action::Pause
             }
         }
     }
-}
-
-/// A guarded request's method and path (see [`PeerProxy::request`]).
-struct Guarded {
-    method: String,
-    path: String,
 }
 
 /// Removes every client copy of the request-header identity names and `X-Real-Ip` (Envoy's early

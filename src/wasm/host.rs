@@ -134,6 +134,11 @@ pub fn shared(key: &str) -> Option<Vec<u8>> {
     hostcalls::get_shared_data(key).ok().and_then(|(v, _)| v)
 }
 
+/// The CAS of a shared-data entry (see [`crate::snapshot::KEY_PUBLISHED`]), or None if absent.
+pub fn shared_cas(key: &str) -> Option<u32> {
+    hostcalls::get_shared_data(key).ok().and_then(|(_, cas)| cas)
+}
+
 /// A shared-data value written as a decimal number (generation, down marks).
 pub fn shared_u64(key: &str) -> Option<u64> {
     shared(key).and_then(|b| std::str::from_utf8(&b).ok()?.parse().ok())

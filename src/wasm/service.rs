@@ -137,7 +137,8 @@ impl Service {
 
     fn publish(&mut self, mut p: Publish) {
         let generation = p.table.generation;
-        // Entries (only for a new key set) and documents first, then the head, generation last.
+        // Entries (only for a new key set) and documents first, then the head, the generation, and
+        // last the key whose CAS every request reads (see `snapshot::KEY_PUBLISHED`).
         // A document is written into shared data as it is serialized (see `snapshot::put_document`).
         let entries = !p.keys_changed || p.table.entries().all(|(key, value)| host::set_shared(&key, &value));
         let keys = p.table.keys.len();
@@ -155,7 +156,8 @@ impl Service {
                 )
             })
             && host::set_shared(snapshot::KEY_TABLE, &p.table.encode_head())
-            && host::set_shared(snapshot::KEY_GENERATION, p.table.generation.to_string().as_bytes());
+            && host::set_shared(snapshot::KEY_GENERATION, p.table.generation.to_string().as_bytes())
+            && host::set_shared(snapshot::KEY_PUBLISHED, b"");
         if ok {
             let names: Vec<&str> = p.table.servers.iter().map(|s| s.name.as_str()).collect();
             log::info!(

@@ -22,11 +22,6 @@ use crate::request::routing::Gvr;
 use crate::request::routing::MergedDoc;
 use crate::snapshot::{self, KeySource, Table};
 
-/// How long a worker routes with the snapshot it has before it reads the generation key again
-/// (see [`Shared::table`]): well under a discovery round (the renderer's default refresh interval
-/// is 2 s), and long enough that a busy worker reads it rarely.
-pub const RECHECK_MS: u64 = 100;
-
 /// Per-VM state shared by every request on this worker.
 pub struct Shared {
     pub config: Config,
@@ -40,8 +35,8 @@ pub struct Shared {
 #[derive(Default)]
 struct Cache {
     generation: Option<u64>,
-    /// When this VM last read the generation key (ms, the host's clock).
-    checked_ms: u64,
+    /// The CAS of [`snapshot::KEY_PUBLISHED`] when this VM last took a table.
+    published: Option<u32>,
     table: Option<Rc<Table>>,
     /// The merged documents published whole (`None`: published in pieces, see
     /// [`snapshot::WHOLE_LIMIT`]), in [`response::merged_source`] order.
@@ -96,25 +91,17 @@ impl Shared {
         usize::try_from(r % n.max(1) as u64).unwrap_or(0)
     }
 
-    /// The table a request routes with. The generation key is read again once [`RECHECK_MS`] have
-    /// passed since this VM last read it (the clock is a host call that copies nothing; a shared-data
-    /// read copies its value into the VM, `make bench`'s probes), so a new snapshot, e.g. one that
-    /// marks a member unreachable, is used within that time; the worker's timer usually has it
-    /// decoded. Before the first snapshot every request looks.
+    /// The table a request routes with: the newest published. A request reads only the CAS of
+    /// [`snapshot::KEY_PUBLISHED`] (no value is copied), so a new snapshot, e.g. one that marks a
+    /// member unreachable, is used from the next request on; the worker's timer usually has it
+    /// decoded.
     pub fn table(&self) -> Option<Rc<Table>> {
-        self.refresh(false)
+        self.refresh()
     }
 
-    /// [`Shared::table`] read from shared data now: for the merged discovery documents, whose pieces
-    /// a request must read for the newest generation (two are kept, see [`snapshot::chunk_key`]).
-    pub fn table_now(&self) -> Option<Rc<Table>> {
-        self.refresh(true)
-    }
-
-    /// The worker timer's work: the newest table (shared data is re-read only when the small
-    /// generation key moved), so requests rarely decode a head.
+    /// The worker timer's work: the newest table, so requests rarely decode a head.
     pub fn on_tick(&self) {
-        self.refresh(true);
+        self.refresh();
     }
 
     /// Whether `table.servers[index]` is marked down now, by any worker (one shared-data read).
@@ -129,18 +116,22 @@ impl Shared {
         host::set_shared(&passive_health::down_key(target), value.as_bytes());
     }
 
-    fn refresh(&self, now: bool) -> Option<Rc<Table>> {
-        let ms = host::now_ms();
+    fn refresh(&self) -> Option<Rc<Table>> {
+        // Read before the generation: a snapshot published in between is seen by the next request.
+        let published = host::shared_cas(snapshot::KEY_PUBLISHED);
         {
             let cache = self.cache.borrow();
-            if !now && cache.table.is_some() && ms.saturating_sub(cache.checked_ms) < RECHECK_MS {
+            if published.is_some() && published == cache.published && cache.table.is_some() {
                 return cache.table.clone();
             }
         }
         let generation = host::shared_u64(snapshot::KEY_GENERATION);
         let mut cache = self.cache.borrow_mut();
-        cache.checked_ms = ms;
-        if generation.is_none() || generation == cache.generation {
+        if generation.is_none() {
+            return cache.table.clone();
+        }
+        if generation == cache.generation {
+            cache.published = published;
             return cache.table.clone();
         }
         let table = match host::shared(snapshot::KEY_TABLE).map(|b| Table::decode(&b)) {
@@ -172,6 +163,7 @@ impl Shared {
             (doc(MergedDoc::Apis), doc(MergedDoc::Api), doc(MergedDoc::ApisLegacy))
         {
             cache.generation = Some(table.generation);
+            cache.published = published;
             cache.table = Some(Rc::new(table));
             cache.docs = [apis, api, legacy];
         }
