@@ -223,12 +223,9 @@ impl<'a> Parts<'a> {
         let mut from = start;
         let mut i = start;
         while i < end {
-            match bytes.get(i) {
-                Some(b'/') => {
-                    parts.push(path.get(from..i).unwrap_or(""));
-                    from = i + 1;
-                }
-                _ => {}
+            if bytes.get(i) == Some(&b'/') {
+                parts.push(path.get(from..i).unwrap_or(""));
+                from = i + 1;
             }
             i += 1;
         }
