@@ -152,8 +152,11 @@ upgrade-k8s: build k8s-build-skew
 # .wasm's size by crate. Rewrites the generated sections of docs/benchmarks.md. Needs wrk, h2load,
 # valgrind (installed if missing) and twiggy (cargo install into .tools/).
 # BENCH_ARGS: e.g. --before <git ref> (that build's filter rows run in the same run as this one's).
-BENCH_ARGS ?= --before cde59ee
+BENCH_ARGS ?= --before dbd3399
 export BENCH_ARGS
+# bench/req_probe.py: wasm instructions and host calls per request, this build and the same `before`.
+REQ_ARGS ?= --before dbd3399
+export REQ_ARGS
 # The hop runs in the same `make bench`, so every goal is judged in one run.
 bench: build k8s-build
 	@mkdir -p target/bench
@@ -161,6 +164,7 @@ bench: build k8s-build
 	bash bench/core_bench.sh > target/bench/core.md
 	$(PY) bench/envoy_bench.py --out target/bench/envoy.md $(BENCH_ARGS)
 	$(PY) bench/mem_probe.py --out target/bench/mem.md
+	$(PY) bench/req_probe.py --out target/bench/req.md $(REQ_ARGS)
 	bash bench/noop/build.sh
 	$(PY) scripts/k8s/hop.py --out target/hop/results.md $(HOP_ARGS)
 	$(PY) bench/update_doc.py docs/benchmarks.md target/bench/core.md target/bench/envoy.md target/bench/size.md

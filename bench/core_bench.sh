@@ -7,7 +7,7 @@
 # Each workload runs twice, `lo` and `hi` iterations after the same set-up; one operation costs
 # (Ir(hi) - Ir(lo)) / (hi - lo). Instruction counts are deterministic (same binary, same input, same
 # count), unlike times, so they do not depend on what else the machine is doing. They are counts of
-# the native x86-64 build (release profile: opt-level "z", LTO), not of the .wasm under V8, so they
+# the native x86-64 build (release profile: opt-level "s", LTO), not of the .wasm under V8, so they
 # compare operations with each other; Envoy's CPU per request is bench/envoy_bench.py's business.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -27,6 +27,7 @@ benchmarks: the plain profile (bench/envoy_bench.py) and the kubeadm profile (ma
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import subprocess
@@ -390,6 +391,15 @@ SCENARIOS = [
 ]
 
 
+def build_before(ref: str) -> Path:
+    """bench/envoy_bench.py's build of `ref` (a git worktree under target/bench-before, reused)."""
+    spec = importlib.util.spec_from_file_location("envoy_bench", ROOT / "bench" / "envoy_bench.py")
+    eb = importlib.util.module_from_spec(spec)
+    sys.modules["envoy_bench"] = eb
+    spec.loader.exec_module(eb)
+    return eb.build_before(ref)
+
+
 def build_phases() -> Path:
     """The filter with `--features phase-marks`, built and optimized like `make build`."""
     subprocess.run(["cargo", "build", "-q", "--release", "--target", "wasm32-wasip1", "--features", "phase-marks",
@@ -430,7 +440,8 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--wasm", type=Path, default=FILTER_WASM)
     p.add_argument("--floor", type=Path, default=FLOOR_WASM)
-    p.add_argument("--before", type=Path, default=None, help="another build of the filter, shown beside")
+    p.add_argument("--before", default=None,
+                   help="git ref of the filter to count beside this one (built like bench/envoy_bench.py --before)")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--no-phases", action="store_true", help="skip the phase-marked build and its table")
     a = p.parse_args(argv)
@@ -438,7 +449,7 @@ def main(argv: list[str]) -> int:
     floor = World(a.floor, "plain", floor=True)
     fm, fc, ft = measure(floor, "GET", LOCAL_PATH, ())
     rows.append(("floor", "the wasm floor (reads `:path`)", fm, fc, ft))
-    builds = [("", a.wasm)] + ([("before ", a.before)] if a.before else [])
+    builds = [("", a.wasm)] + ([("before ", build_before(a.before))] if a.before else [])
     for label, wasm in builds:
         for profile in ("plain", "kubeadm"):
             world = World(wasm, profile, floor=False)

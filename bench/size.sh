@@ -42,7 +42,7 @@ for r in rows:
     top[crate].append((size, re.sub(r"(\[[0-9a-f]+\])|(::h[0-9a-f]{16})", "", name)))
 raw = Path("target/wasm32-wasip1/release/kube_peer_proxy.wasm")
 opt = Path("target/kube_peer_proxy.wasm")
-print(f"`make build`: cargo's release build `{raw}` {raw.stat().st_size:,} bytes (opt-level z, LTO, one codegen "
+print(f"`make build`: cargo's release build `{raw}` {raw.stat().st_size:,} bytes (opt-level s, LTO, one codegen "
       f"unit, panic=abort, stripped); after `scripts/wasm-opt.sh` (`wasm-opt -Oz`, inlining off) `{opt}` "
       f"**{opt.stat().st_size:,} bytes**. By crate (twiggy 0.8 on the same build with function names kept, "
       f"after the same wasm-opt; sizes of the code and data, names excluded):")

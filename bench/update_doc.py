@@ -6,7 +6,8 @@
 The document keeps its hand-written text; only the text between `<!-- generated:NAME -->` and
 `<!-- /generated:NAME -->` is replaced: `machine` (facts about this run), `envoy`, `core` and `size` (the
 reports of bench/envoy_bench.py, bench/core_bench.sh and bench/size.sh), `mem` from target/bench/mem.md
-(bench/mem_probe.py) and `hop` from target/hop/results.md (scripts/k8s/hop.py) when those files exist.
+(bench/mem_probe.py), `req` from target/bench/req.md (bench/req_probe.py) and `hop` from
+target/hop/results.md (scripts/k8s/hop.py) when those files exist.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # The Makefile's BENCH_ARGS (passed to envoy_bench.py), to quote the exact command.
 BENCH_ARGS = os.environ.get("BENCH_ARGS", "")
+# The Makefile's REQ_ARGS (passed to req_probe.py).
+REQ_ARGS = os.environ.get("REQ_ARGS", "")
 
 
 def sh(*cmd: str) -> str:
@@ -80,6 +83,7 @@ def machine() -> str:
             "bash bench/core_bench.sh > target/bench/core.md",
             f".venv/bin/python bench/envoy_bench.py --out target/bench/envoy.md {BENCH_ARGS}".rstrip(),
             ".venv/bin/python bench/mem_probe.py --out target/bench/mem.md",
+            f".venv/bin/python bench/req_probe.py --out target/bench/req.md {REQ_ARGS}".rstrip(),
             ".venv/bin/python bench/update_doc.py docs/benchmarks.md target/bench/core.md target/bench/envoy.md "
             "target/bench/size.md",
             "```"]
@@ -103,6 +107,9 @@ def main(argv: list[str]) -> int:
     doc = replace(doc, "envoy", envoy.read_text())
     doc = replace(doc, "core", core.read_text())
     doc = replace(doc, "size", size.read_text())
+    req = ROOT / "target" / "bench" / "req.md"  # bench/req_probe.py (`make bench`)
+    if req.is_file() and "<!-- generated:req -->" in doc:
+        doc = replace(doc, "req", req.read_text())
     mem = ROOT / "target" / "bench" / "mem.md"  # bench/mem_probe.py (`make bench`)
     if mem.is_file() and "<!-- generated:mem -->" in doc:
         doc = replace(doc, "mem", mem.read_text())

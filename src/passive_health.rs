@@ -19,20 +19,28 @@
 use crate::snapshot::Table;
 
 /// Where the mark of `target` ([`crate::snapshot::ServerRef::target`]: the cluster, or the address
-/// of a peer learned from a lease) lives in shared data: the time of the mark (ms), or `0`.
+/// of a peer learned from a lease) lives in shared data: the time of the mark (ms), or empty. Short
+/// (`kpp.d/` and the target), so that the host looks a cluster's mark up without allocating its key
+/// (proxy-wasm-cpp-host `SharedData::get` copies the key into a `std::string`), and written out
+/// without `format!`: every rerouted request reads the mark of each peer it could go to.
 pub fn down_key(target: &str) -> String {
-    format!("kube-peer-proxy.v1/down/{target}")
+    let mut key = String::with_capacity(DOWN_PREFIX.len() + target.len());
+    key.push_str(DOWN_PREFIX);
+    key.push_str(target);
+    key
 }
 
-/// The value of a cleared mark.
-pub const CLEARED: &[u8] = b"0";
+const DOWN_PREFIX: &str = "kpp.d/";
+
+/// The value of a cleared mark: empty, so reading it copies nothing into the VM.
+pub const CLEARED: &[u8] = b"";
 
 /// The value a mark is written with.
 pub fn mark_value(now_ms: u64) -> String {
     now_ms.to_string()
 }
 
-/// Whether a value read under [`down_key`] is a mark (absent or `0`: not marked).
+/// Whether a value read under [`down_key`] is a mark (absent, cleared or `0`: not marked).
 pub fn is_marked(value: Option<u64>) -> bool {
     value.is_some_and(|t| t != 0)
 }

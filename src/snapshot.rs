@@ -4,10 +4,10 @@
 //!
 //! The discovery service builds it once per change and publishes it to Envoy shared data: the
 //! small head (members, bit sets, ETags) under [`KEY_TABLE`], and the keys in hash buckets of
-//! about [`KEYS_PER_BUCKET`] keys each ([`bucket_key`]). A filter VM decodes only the head when the
-//! generation changes and reads the one bucket a lookup needs straight from shared data, so no
-//! worker VM holds the table: memory does not grow with Envoy's worker count, and a lookup costs
-//! the same for any table size.
+//! about [`KEYS_PER_BUCKET`] keys each ([`bucket_key`]). A filter VM decodes only the head when a
+//! snapshot is published and reads the one bucket a lookup needs straight from shared data (then
+//! remembers the answer for that head, [`crate::entry_cache`]), so no worker VM holds the table:
+//! memory does not grow with Envoy's worker count, and a lookup costs the same for any table size.
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
@@ -184,8 +184,10 @@ impl Eq for KeySource {}
 
 /// Keys per published bucket, on average. One shared-data entry per key cost Envoy about 200 bytes
 /// of heap each beyond the key and value (a hash-map node and two strings): 8 MiB for a table of
-/// 40 000 keys. A bucket of about 10 keys is one entry, and a lookup copies a few hundred bytes.
-pub const KEYS_PER_BUCKET: usize = 10;
+/// 40 000 keys. A bucket of about 40 keys is one entry (1 024 entries for that table) and a lookup
+/// copies one or two KB; workers look a key up in shared data only when they do not remember it
+/// ([`crate::entry_cache`]), so a larger bucket costs a request nothing in the common case.
+pub const KEYS_PER_BUCKET: usize = 40;
 
 /// Buckets for `keys` keys: a power of two (a bucket is a mask of the key's hash), rounded down,
 /// so a bucket holds between [`KEYS_PER_BUCKET`] and twice that many keys on average.

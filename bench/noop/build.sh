@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The wasm floor of `make bench` and `make hop` (bench/noop), built exactly like the product's .wasm:
-# cargo's release build with the same profile (opt-level z, LTO, one codegen unit, panic=abort,
+# cargo's release build with the same profile (opt-level s, LTO, one codegen unit, panic=abort,
 # stripped), then the same scripts/wasm-opt.sh. `make lint` (so `make test`) runs it with --lint, which
 # first checks it with rustfmt and clippy (wasm target, -D warnings) like the product.
 #

@@ -211,7 +211,7 @@ impl<'a> Parts<'a> {
         };
         let bytes = path.as_bytes();
         // A plain loop over the bytes: iterator adaptors with closures are calls per byte in the
-        // size-optimized wasm build.
+        // wasm build.
         let mut start = 0;
         while bytes.get(start) == Some(&b'/') {
             start += 1;

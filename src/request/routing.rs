@@ -11,7 +11,7 @@ use std::borrow::Cow;
 
 use crate::request::accept::{self, DiscoveryChoice};
 use crate::request::request_info::{self, NonResource, RequestKind};
-use crate::snapshot::{Key, Table};
+use crate::snapshot::{self, Key, Table};
 
 /// The request headers the decision reads.
 #[derive(Debug, Clone, Default)]
@@ -201,33 +201,6 @@ pub enum LocalReason {
     NoSnapshot,
 }
 
-/// Whether the decision can depend on `Accept`: only for `/api` and `/apis` (merged discovery), which
-/// have at most one path segment (a trailing slash or a query aside). A path with an escape is
-/// answered `true` too (`%2F` decodes to a separator). Every other request is decided without
-/// `Accept`, so the filter does not read that header for it.
-pub fn needs_accept(path: &str) -> bool {
-    // A plain loop over the bytes: char patterns and iterator adaptors cost ten thousand wasm
-    // instructions per request at the size-optimized build (`bench/req_probe.py`).
-    let bytes = path.as_bytes();
-    let mut segments = 0usize;
-    let mut previous = b'/';
-    let mut i = 0;
-    while let Some(&b) = bytes.get(i) {
-        if b == b'?' || b == b'#' {
-            break;
-        }
-        if b == b'%' {
-            return true;
-        }
-        if previous == b'/' && b != b'/' {
-            segments += 1;
-        }
-        previous = b;
-        i += 1;
-    }
-    segments <= 1
-}
-
 /// Decides where a request goes. `pick(n)` returns a uniformly random index below `n`.
 pub fn decide<'a>(
     req: &RequestFacts<'a>,
@@ -389,9 +362,15 @@ fn pick_peer(
     is_down: &mut dyn FnMut(usize) -> bool,
 ) -> Option<usize> {
     let routable = table.fresh(&subject.gvr.group) & !table.local_mask() & !table.unhealthy;
-    let healthy: Vec<usize> = bits(servers & routable).filter(|i| !is_down(*i)).collect();
-    let nth = healthy.len().checked_sub(1).map(|last| pick(healthy.len()).min(last))?;
-    Some(healthy.get(nth).copied().unwrap_or(0))
+    let mut healthy = 0u64;
+    for i in bits(servers & routable) {
+        if !is_down(i) {
+            healthy |= snapshot::bit(i);
+        }
+    }
+    let count = healthy.count_ones() as usize;
+    let nth = count.checked_sub(1).map(|last| pick(count).min(last))?;
+    bits(healthy).nth(nth)
 }
 
 /// Step 2: `/api` and `/apis`.
@@ -429,6 +408,14 @@ fn root_discovery(
     Decision::Merged(doc)
 }
 
-fn bits(mask: u64) -> impl Iterator<Item = usize> {
-    (0..64usize).filter(move |i| mask & (1u64 << i) != 0)
+/// The indexes of the set bits, lowest first (one step per set bit, not per bit).
+fn bits(mut mask: u64) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        let i = mask.trailing_zeros();
+        if i >= 64 {
+            return None;
+        }
+        mask &= mask - 1;
+        Some(i as usize)
+    })
 }
