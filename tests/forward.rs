@@ -5,7 +5,9 @@
 #![cfg(test)]
 
 use kube_peer_proxy::config::{Config, LeaseDiscovery, Peer};
-use kube_peer_proxy::request::forward::{routing_headers, to_peer, ToPeer, MERGED_REQUEST_DROPS};
+use kube_peer_proxy::request::forward::{
+    routing_headers, to_peer, ToPeer, MERGED_REQUEST_DROPS, MERGED_REQUEST_DROPS_ENCODING,
+};
 use kube_peer_proxy::request::identity::RequestHeaderNames;
 use kube_peer_proxy::request::reply::{
     guarded_not_found, peer_unavailable, unauthorized, LocalReply, ProxyError, FILTER_REPLY_HEADER,
@@ -61,6 +63,7 @@ fn only_the_filter_may_set_the_routing_headers() {
         ["x-kube-peer-proxy-cluster", "x-kpp-address"]
     );
     assert_eq!(MERGED_REQUEST_DROPS, "if-none-match");
+    assert_eq!(MERGED_REQUEST_DROPS_ENCODING, "accept-encoding");
 }
 
 #[test]
@@ -141,6 +144,10 @@ fn a_merged_answer_replaces_length_type_and_etag_and_a_304_its_status() {
     let h = merged_headers(MergedDoc::Apis, &table, None, 200).unwrap_or_else(|| unreachable!());
     let edits = h.edits();
     assert_eq!(edits.first(), Some(&("content-length", None)));
+    assert!(
+        edits.contains(&("content-encoding", None)),
+        "the replaced body is not gzipped"
+    );
     assert!(edits.contains(&("etag", Some("\"A\""))));
     assert!(!edits.iter().any(|(k, _)| *k == ":status"));
     assert_eq!(h.code(), "200");

@@ -51,3 +51,8 @@ pub fn to_peer<'a>(config: &'a Config, server: &'a ServerRef) -> ToPeer<'a> {
 /// A merged discovery request: the client's `If-None-Match` is removed (and kept for the merged
 /// answer), so the local server answers in full, not 304 on its own ETag.
 pub const MERGED_REQUEST_DROPS: &str = "if-none-match";
+
+/// A merged discovery request: `Accept-Encoding` is removed too, so the local server's answer, whose
+/// body is replaced, is not gzipped (kube-apiserver gzips a body over 128 KiB for a client that
+/// accepts it: an `/apis` of a few hundred CRDs). The merged answer goes out uncompressed.
+pub const MERGED_REQUEST_DROPS_ENCODING: &str = "accept-encoding";

@@ -27,11 +27,13 @@ pub struct MergedHeaders {
 }
 
 impl MergedHeaders {
-    /// The response header edits, in order (`None` removes): the local answer's length goes (the
-    /// body is replaced), then the merged document's headers, then `:status` for a 304.
+    /// The response header edits, in order (`None` removes): the local answer's length and encoding
+    /// go (the body is replaced, uncompressed), then the merged document's headers, then `:status`
+    /// for a 304.
     pub fn edits(&self) -> Vec<(&'static str, Option<&str>)> {
         let mut edits = vec![
             ("content-length", None),
+            ("content-encoding", None),
             ("content-type", Some(self.content_type)),
             ("etag", Some(self.etag.as_str())),
             ("vary", Some("Accept")),

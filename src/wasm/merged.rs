@@ -30,12 +30,17 @@ pub struct MergedReply {
 
 impl MergedReply {
     /// A merged discovery request: the client's `If-None-Match` is kept for the merged answer and
-    /// removed, so the local server answers in full (not 304 on its own ETag).
+    /// removed, so the local server answers in full (not 304 on its own ETag), and its
+    /// `Accept-Encoding` removed, so that answer is not gzipped (see
+    /// [`forward::MERGED_REQUEST_DROPS_ENCODING`]).
     pub fn start(shared: &Shared, doc: MergedDoc, table: Rc<Table>) -> MergedReply {
         let req = MapType::HttpRequestHeaders;
         let if_none_match = host::header(req, forward::MERGED_REQUEST_DROPS);
         if if_none_match.is_some() {
             host::set_header(req, forward::MERGED_REQUEST_DROPS, None);
+        }
+        if host::header(req, forward::MERGED_REQUEST_DROPS_ENCODING).is_some() {
+            host::set_header(req, forward::MERGED_REQUEST_DROPS_ENCODING, None);
         }
         let source = shared.merged(doc, &table);
         MergedReply {

@@ -131,3 +131,37 @@ def test_a_merged_document_over_the_whole_limit_is_streamed_in_pieces_byte_ident
         assert r.status == 304 and r.body == b"", r.status
     finally:
         cluster.stop_all()
+
+
+def test_a_gzipped_local_answer_becomes_the_merged_document_uncompressed(envoys):
+    """kube-apiserver gzips a body over 128 KiB for a client that accepts it (client-go does), so a
+    cluster with a few hundred CRDs gets its own /apis gzipped. The filter replaces that body with
+    the merged document: the local server must be asked without Accept-Encoding, and the answer must
+    carry no Content-Encoding, else the client gunzips plain JSON. Control: the same request
+    straight to the fake apiserver is gzipped (the fake does what the apiserver does)."""
+    import gzip
+    cluster = Cluster()
+    try:
+        servers = {"a": cluster.start("a", apiset={"apis": with_crds("old", "a", 20), "minor": "33", "name": "gz-a"}),
+                   "b": cluster.start("b", apiset={"apis": with_crds("new", "b", 20), "minor": "37", "name": "gz-b"}),
+                   "c": cluster.start("c", apiset={"apis": with_crds("new", "b", 20), "minor": "37", "name": "gz-c"})}
+        ports = start_nodes(envoys, servers, 30)
+        headers = {"Accept": V2, "Accept-Encoding": "gzip"}
+        straight = request(f"{servers['a'].url}/apis", headers=headers)
+        assert straight.status == 200 and straight.headers.get("content-encoding") == "gzip", straight.headers
+        own = gzip.decompress(straight.body)
+        assert len(own) > 128 * 1024, len(own)
+        for node, port in ports.items():
+            r = request(f"http://127.0.0.1:{port}/apis", headers=headers, timeout=30)
+            assert r.status == 200, (node, r)
+            assert "content-encoding" not in r.headers, (node, r.headers)
+            assert r.headers.get("etag") == fnv128_etag(r.body), node
+            groups = {g["metadata"].get("name", "") for g in json.loads(r.body)["items"]}
+            assert {"a000.example.com", "b019.example.com", "resource.k8s.io"} <= groups, node
+        # The merged legacy list (small: never gzipped) is plain JSON too.
+        r = request(f"http://127.0.0.1:{ports['a']}/apis", headers={"Accept": "application/json",
+                                                                     "Accept-Encoding": "gzip"})
+        assert r.status == 200 and "content-encoding" not in r.headers, r.headers
+        json.loads(r.body)
+    finally:
+        cluster.stop_all()

@@ -19,6 +19,7 @@ and then echoes every text/binary message, answers pings, and closes on close.
 """
 
 import base64
+import gzip
 import hashlib
 import http.server
 import json
@@ -110,6 +111,11 @@ def _seen_by(event: Event, target: "_Target", selector) -> tuple[str, dict] | No
         rv = event.obj["metadata"]["resourceVersion"]
         return "DELETED", {**event.prev, "metadata": {**event.prev["metadata"], "resourceVersion": rv}}
     return None
+
+
+# Bodies larger than this are gzipped for clients that accept it, as kube-apiserver does
+# (defaultGzipThresholdBytes in k8s.io/apiserver pkg/endpoints/handlers/responsewriters/writers.go).
+GZIP_THRESHOLD = 128 * 1024
 
 
 @dataclass(frozen=True)
@@ -225,7 +231,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         return self.rfile.read(length) if length else b""
 
     def _send(self, code: int, body: bytes, content_type: str, headers: dict | None = None):
-        headers = headers or {}
+        headers = dict(headers or {})
+        # kube-apiserver's APIResponseCompression (default on): a body over 128 KiB is gzipped for a
+        # client that accepts it (apiserver responsewriters.deferredResponseWriter).
+        if (code == 200 and len(body) > GZIP_THRESHOLD
+                and "gzip" in self.headers.get("Accept-Encoding", "").lower()):
+            body = gzip.compress(body)
+            headers["Content-Encoding"] = "gzip"
+            headers["Vary"] = ", ".join(filter(None, [headers.get("Vary"), "Accept-Encoding"]))
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
