@@ -37,11 +37,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import hashlib
+import http.client
 import json
 import os
 import re
 import shlex
 import shutil
+import signal
 import ssl
 import statistics
 import subprocess
@@ -69,6 +71,12 @@ PEER_PATH = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/claim-1"
 # Plugin settings of the load scenarios: one discovery round at start, none while wrk runs.
 STEADY = {"refresh_interval": "30m", "staleness_limit": "60m"}
 
+# Requests of the callgrind windows, and the headers each sends (client-go's, a token aside).
+CALLGRIND_REQUESTS = 400
+CLIENT_HEADERS = {"User-Agent": "kubectl/v1.36.3 (linux/amd64) kubernetes/abcdef0", "Accept": "application/json",
+                  "Accept-Encoding": "gzip"}
+CALLGRIND_KINDS = ["plain", "floor", "filter", "probe:absentx10", "probe:publishedx10", "probe:statusx10",
+                   "probe:pairsx10"]
 WRK_THREADS = 2
 WRK_CONNECTIONS = 50
 # Worker threads of the Envoys under test (kpp.testing.harness's default), except in the sweep.
@@ -404,7 +412,10 @@ PROBES = [Scenario(f"p-{name}", title, f"probe:{name}x{PROBE_TIMES}", False, LOC
               ("foreign", "`clear_route_cache` (foreign function)"),
               ("property", "`get_property` `response.code_details` on the response"),
               ("metric-name", "a counter by formatted name (map lookup, then increment)"),
-              ("metric-id", "a counter by an id resolved once"))]
+              ("metric-id", "a counter by an id resolved once"),
+              ("absent", "a read of a request header the request does not have"),
+              ("published", "a shared-data read of an empty value under a short key (only its CAS comes back)"),
+              ("pairs", "every request header in one `proxy_get_header_map_pairs`, read in place"))]
 
 
 @dataclass
@@ -791,6 +802,73 @@ class Bench:
                 envoy.stop()
         return Paired(floor.key, filt.key, seconds, a_us, b_us)
 
+    def run_callgrind(self, kinds: list[str], requests: int = CALLGRIND_REQUESTS) -> dict[str, int]:
+        """Envoy's instructions per request under valgrind's callgrind, for each kind of Envoy under
+        test ("plain", "floor", "filter", "before" or "probe:<name>"): one worker, the local GET on a
+        kept-alive connection; instrumentation on only for `requests` requests, minus a window of the
+        same length without requests (timers), divided by `requests`. Counts, not seconds: the same
+        for the same binaries and inputs whatever else the machine does."""
+        out = {}
+        for kind in kinds:
+            sc = Scenario(f"vg-{kind}", kind, kind, False, LOCAL_PATH, served_by=OLD)
+            port, admin = harness.free_port(), harness.free_port()
+            probe = kind.split(":", 1)[1] if kind.startswith("probe:") else "path"
+            # Discovery calls run ~50 times slower under valgrind: a long fetch timeout.
+            plugin = {**STEADY, "fetch_timeout": "300s"}
+            b = json.loads(render.render_bootstrap(
+                node="a", listen_port=port, admin_port=admin, local=("127.0.0.1", self.ports["old"]),
+                peers=[("b", "127.0.0.1", self.ports["new-b"]), ("c", "127.0.0.1", self.ports["new-c"])],
+                wasm_path=str(self.wasm_for(kind)), plugin=plugin, with_filter=kind != "plain",
+                filter_plugin=None if sc.filter or kind == "plain" else probe))
+            if not sc.filter:
+                b.pop("bootstrap_extensions", None)
+            cfg = self.workdir / f"callgrind-{sc.key.replace(':', '-')}.json"
+            cfg.write_text(json.dumps(b))
+            prof = self.workdir / f"callgrind-{sc.key.replace(':', '-')}.out"
+            proc_ = subprocess.Popen(
+                ["valgrind", "--tool=callgrind", f"--callgrind-out-file={prof}", "--smc-check=all-non-file",
+                 "--instr-atstart=no", str(harness.envoy_binary()), "-c", str(cfg), "--concurrency", "1",
+                 "--base-id", str(harness._next_base_id()), "-l", "warning"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            try:
+                proc.wait_until(lambda: get(f"http://127.0.0.1:{port}{LOCAL_PATH}", timeout=60)[0] == 200, 600,
+                                interval=1, message=f"callgrind {kind}: Envoy not answering")
+                if sc.filter:
+                    def published():
+                        st = get(f"http://127.0.0.1:{admin}/stats?filter=kube_peer_proxy", timeout=60)[2].decode()
+                        return (re.search(r"snapshot_generation: [1-9]", st) is not None
+                                and len(re.findall(r"server_fresh;server=\w+: 1", st)) == 3)
+                    proc.wait_until(published, 900, interval=1, message=f"callgrind {kind}: no snapshot")
+                    self.check(sc, port)
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+
+                def window(n: int, seconds: float = 0.0) -> tuple[int, float]:
+                    for args in (["-z"], ["-i", "on"]):
+                        subprocess.run(["callgrind_control", *args, str(proc_.pid)], check=True, capture_output=True)
+                    t0 = time.monotonic()
+                    for _ in range(n):
+                        conn.request("GET", LOCAL_PATH, headers=CLIENT_HEADERS)
+                        r = conn.getresponse()
+                        r.read()
+                        if r.status != 200:
+                            raise RuntimeError(f"callgrind {kind}: {r.status}")
+                    time.sleep(seconds)
+                    took = time.monotonic() - t0
+                    for args in (["-i", "off"], ["-d"]):
+                        subprocess.run(["callgrind_control", *args, str(proc_.pid)], check=True, capture_output=True)
+                    dumps = sorted(self.workdir.glob(prof.name + "*"), key=lambda f: f.stat().st_mtime)
+                    total = max(int(m) for m in re.findall(r"^(?:summary|totals): (\d+)", dumps[-1].read_text(), re.M))
+                    return total, took
+                window(20)  # the connection's first requests and any first-use work
+                busy, took = window(requests)
+                idle, _ = window(0, took)
+                out[kind] = round((busy - idle) / requests)
+                print(f"envoy_bench: callgrind {kind}: {out[kind]:,} instructions/request", file=sys.stderr)
+            finally:
+                os.killpg(proc_.pid, signal.SIGKILL)
+                proc_.wait()
+        return out
+
     def stop(self) -> None:
         for e in self.started:
             e.stop()
@@ -906,9 +984,10 @@ def wasm_size(path: Path | None) -> str:
 # `:status` (a local request is guarded).
 # No metric increments, no property reads. Each: (count, probe key, host calls per probe unit, what).
 LOCAL_CALLS = [
-    (3, "p-headers6", 6, "request-header reads beyond the floor's `:path` (route header, `:method`, "
-                        "x-kubernetes-peer-proxied; `:path` is the floor's too)"),
-    (2, "p-shared", 1, "shared-data reads (the generation key, the resource's entry)"),
+    (2, "p-absent", 1, "reads of request headers a client does not send (the route header, "
+                      "x-kubernetes-peer-proxied; `:path` is the floor's too)"),
+    (1, "p-published", 1, "shared-data read of `snapshot::KEY_PUBLISHED` (empty: its CAS says whether a "
+                          "snapshot was published)"),
     (1, "p-status", 1, "`:status` read on the response (the 404 guard's check)"),
 ]
 
@@ -931,8 +1010,41 @@ def local_breakdown(by: dict, p: Paired) -> str | None:
             "lookup keys, routing), which no probe prices.")
 
 
+def callgrind_text(vg: dict[str, int], bench: "Bench") -> str:
+    """The callgrind section: Envoy instructions per request, and the local path's over the floor
+    split into the host calls it makes (priced by the probes under callgrind) and the VM's own."""
+    lines = ["**Envoy instructions per request under callgrind** (valgrind's callgrind on the Envoy under "
+             f"test, one worker, {CALLGRIND_REQUESTS} local GETs on one kept-alive connection with client-go's "
+             "headers; instrumentation on only for those requests, minus an equal window without requests; "
+             "counts, not seconds, so the same for the same binaries whatever else the machine does; every "
+             "instruction Envoy runs, V8's and the VM's included):", "",
+             "| Envoy | instructions / request | over plain | over the floor |", "|---|---:|---:|---:|"]
+    plain, floor = vg.get("plain"), vg.get("floor")
+    for kind, n in vg.items():
+        op = f"{n - plain:+,}" if plain else "—"
+        of = f"{n - floor:+,}" if floor and kind not in ("plain", "floor") else "—"
+        lines.append(f"| {kind} | {n:,} | {op} | {of} |")
+    if floor and "filter" in vg and all(f"probe:{k}x10" in vg for k in ("absent", "published", "status")):
+        unit = {k: (vg[f"probe:{k}x10"] - floor) / 10 for k in ("absent", "published", "status", "pairs")
+                if f"probe:{k}x10" in vg}
+        named = 2 * unit["absent"] + unit["published"] + unit["status"]
+        over = vg["filter"] - floor
+        lines += ["", f"Of the filter's {over:+,} instructions per local GET over the floor, its host calls "
+                  f"beyond the floor's `:path` (priced by the probes here) are {named:,.0f}: 2 reads of request "
+                  f"headers a client does not send (route header, x-kubernetes-peer-proxied) at {unit['absent']:,.0f}, "
+                  f"the `snapshot::KEY_PUBLISHED` CAS at {unit['published']:,.0f}, the `:status` read of the "
+                  f"404 guard at {unit['status']:,.0f}; the rest, {over - named:+,.0f}, is the filter's own code in "
+                  "the VM (bench/req_probe.py counts it by wasm instruction). A host call that returns data "
+                  f"(`:status`, {unit['status']:,.0f}) re-enters the VM to allocate for it; one that finds "
+                  f"nothing costs {unit['absent']:,.0f}."
+                  + (f" Every request header in one call, read in place: {unit['pairs']:,.0f}." if "pairs" in unit
+                     else "")]
+    return "\n".join(lines) + "\n"
+
+
 def report(results: list[Result], idle: list[dict], bench: Bench, argv: list[str],
-           sweep: list[SweepPoint] | None = None, paired: dict[str, Paired] | None = None) -> str:
+           sweep: list[SweepPoint] | None = None, paired: dict[str, Paired] | None = None,
+           callgrind: dict[str, int] | None = None) -> str:
     sweep = sweep or []
     paired = paired or {}
     by = {r.scenario.key: r for r in results}
@@ -1064,6 +1176,8 @@ def report(results: list[Result], idle: list[dict], bench: Bench, argv: list[str
         w("Differences per pair, µs: " + "; ".join(
             f"({p.filter}) " + ", ".join(f"{d:+.0f}" for d in p.diffs) for p in paired.values()) + ".")
         w("")
+    if callgrind:
+        w(callgrind_text(callgrind, bench))
         for key in ("b", "t-b"):
             if key in paired and paired[key].ci()[2] > 10:
                 text = local_breakdown(by, paired[key])
@@ -1175,7 +1289,8 @@ def report(results: list[Result], idle: list[dict], bench: Bench, argv: list[str
 
 
 def ensure_tools() -> None:
-    missing = [pkg for tool, pkg in (("wrk", "wrk"), ("h2load", "nghttp2-client")) if shutil.which(tool) is None]
+    missing = [pkg for tool, pkg in (("wrk", "wrk"), ("h2load", "nghttp2-client"), ("valgrind", "valgrind"))
+               if shutil.which(tool) is None]
     if missing:
         print(f"envoy_bench: installing {' '.join(missing)}", file=sys.stderr)
         subprocess.run(["apt-get", "update"], check=True)
@@ -1198,7 +1313,10 @@ def build_before(ref: str) -> Path:
     subprocess.run(["cargo", "build", "--release", "--target", "wasm32-wasip1"], cwd=tree, check=True,
                    stdout=sys.stderr)
     out = tree / "target" / "wasm32-wasip1" / "release" / "kube_peer_proxy.wasm"
-    opt = tree / "target" / "kube_peer_proxy.wasm"  # `make build`'s output where the ref has it
+    opt = tree / "target" / "kube_peer_proxy.wasm"  # `make build`'s output
+    script = tree / "scripts" / "wasm-opt.sh"
+    if script.is_file():  # the ref's own wasm-opt step, as its `make build` ran it
+        subprocess.run(["bash", str(script), str(out), str(opt)], cwd=tree, check=True, stdout=sys.stderr)
     return opt if opt.is_file() else out
 
 
@@ -1210,7 +1328,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="write the markdown report here too")
     p.add_argument("--only", default="",
                    help="comma-separated scenario keys (a,a',b,...,t-a,...,b0,...,p-map,...,idle) and "
-                        "sections: sweep (workers), paired (a' vs b), t-paired (t-a' vs t-b)")
+                        "sections: sweep (workers), paired (a' vs b), t-paired (t-a' vs t-b), callgrind")
     p.add_argument("--before", default="",
                    help="git ref of the filter to compare with in the same run (its b,c,d,e1,e2 run as b0,...)")
     p.add_argument("--no-probes", action="store_true", help="skip the host-call probes (p-*)")
@@ -1221,6 +1339,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pairs", type=int, default=PAIRS, help="paired floor/filter rounds (0 skips them)")
     p.add_argument("--pair-seconds", type=int, default=PAIR_S, help="seconds of each paired round")
     p.add_argument("--no-tls-pairs", action="store_true", help="paired rounds for the HTTP/1.1 path only")
+    p.add_argument("--no-callgrind", action="store_true", help="skip Envoy's instructions per request under callgrind")
     a = p.parse_args(argv)
     only = set(filter(None, a.only.split(",")))
     workers = tuple(int(x) for x in a.sweep.split(",") if x)
@@ -1244,9 +1363,12 @@ def main(argv: list[str] | None = None) -> int:
             if not only or ("paired" in only and fi == "b") or ("t-paired" in only and fi == "t-b"):
                 paired[fi] = bench.run_paired(by_key[fl], by_key[fi], a.pairs, a.pair_seconds)
         sweep = bench.run_sweep(workers, a.sweep_samples) if workers and (not only or "sweep" in only) else []
+        callgrind = {}
+        if not a.no_callgrind and (not only or "callgrind" in only):
+            callgrind = bench.run_callgrind(CALLGRIND_KINDS + (["before"] if before else []))
     finally:
         bench.stop()
-    text = report(results, idle, bench, ["bench/envoy_bench.py", *argv], sweep, paired)
+    text = report(results, idle, bench, ["bench/envoy_bench.py", *argv], sweep, paired, callgrind)
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(text)

@@ -8,6 +8,8 @@ apiserver manifest, the real kube-apiserver runs with its flags, one etcd), and 
 the node's address with their own ports:
 
 * plain  — the kubeadm bootstrap with the wasm filter removed (no bootstrap extension, no peer listener);
+* null   — the same with bench/null's filter in the filter's place: the proxy-wasm ABI with nothing in it (two
+           VM entries per request, no host call, no SDK): what any proxy-wasm filter costs on this Envoy;
 * floor  — the same with bench/noop's do-nothing wasm filter (reads `:path`, continues) in the filter's place;
 * filter — the kubeadm bootstrap as rendered (filter, discovery service, peer listener).
 
@@ -45,12 +47,13 @@ from kpp.testing.proc import OPENER, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 NOOP_WASM = ROOT / "target" / "bench-noop" / "kpp_bench_noop.wasm"  # bench/noop/build.sh
+NULL_WASM = ROOT / "target" / "bench-noop" / "null.wasm"  # bench/noop/build.sh, from bench/null/null.wat
 HOPCLIENT = ROOT / "target" / "hopclient"
 NS = "default"
 GET = f"/api/v1/namespaces/{NS}/configmaps/hop-00"
 LIST = f"/api/v1/namespaces/{NS}/configmaps"
 FIRST_INDEX = 81  # KubeadmNode addresses 127.0.0.81 / 127.0.1.81 (docs/notes: 81-89 are the hop's)
-VARIANTS = ("plain", "floor", "filter")
+VARIANTS = ("plain", "null", "floor", "filter")
 LOG_KEY = "hop.access_log"
 
 # Envoy's own timings: microseconds between the stream's time points (Envoy's StreamInfo).
@@ -97,9 +100,9 @@ def bootstrap(node, variant: str, port: int, peer_port: int, admin: int, log: Pa
     i = next(i for i, f in enumerate(filters) if f["name"] == "envoy.filters.http.wasm")
     if variant == "plain":
         del filters[i]
-    else:  # floor: the do-nothing filter in the same place, same root id, probe `path`
+    else:  # null or floor: that filter in the same place, same root id (the floor with probe `path`)
         cfg = filters[i]["typed_config"]["config"]
-        cfg["vm_config"]["code"]["local"]["filename"] = str(NOOP_WASM)
+        cfg["vm_config"]["code"]["local"]["filename"] = str(NULL_WASM if variant == "null" else NOOP_WASM)
         cfg["configuration"]["value"] = "path"
     return b
 
@@ -161,7 +164,8 @@ def main(argv=None):
     p.add_argument("--before", default=None, help="another build of the filter, measured as a fourth variant `before`")
     a = p.parse_args(argv)
     wasm = Path(a.wasm) if a.wasm else harness.wasm_path()
-    for f, how in ((NOOP_WASM, "bash bench/noop/build.sh"), (wasm, "make build")):
+    for f, how in ((NOOP_WASM, "bash bench/noop/build.sh"), (NULL_WASM, "bash bench/noop/build.sh"),
+                   (wasm, "make build")):
         if not f.is_file():
             raise SystemExit(f"{f} is missing: {how}")
     t_all = time.monotonic()
@@ -281,7 +285,7 @@ def report(a, res, timings, stats, total, t_up, t_rounds, targets, variants) -> 
             row.append(f"{statistics.median(r[2][int(len(r[2]) * 0.9)] for r in rs):.0f}")
         row.append(f"{res['first_us'][n]:.0f}")
         lines.append("| " + " | ".join(row) + " |")
-    pairs = [("filter", "plain"), ("floor", "plain"), ("filter", "floor")]
+    pairs = [("filter", "plain"), ("null", "plain"), ("floor", "plain"), ("floor", "null"), ("filter", "floor")]
     if "before" in names:
         pairs += [("before", "plain"), ("filter", "before")]
     if "direct" in names:
@@ -321,8 +325,9 @@ def report(a, res, timings, stats, total, t_up, t_rounds, targets, variants) -> 
               "| goal | measured | holds |", "|---|---|---|"]
     for path, label in (("get", "local GET"), ("list", "LIST")):
         m, h = diffs[("filter", "plain", path)]
-        lines.append(f"| filter ≤ plain Envoy + 50 µs p50 ({label}) | filter − plain {m:+.1f} ± {h:.1f} µs | "
-                     f"{'yes' if m <= 50 else 'no'} (mean) |")
+        nm, nh = diffs[("null", "plain", path)]
+        lines.append(f"| filter ≤ plain Envoy + 50 µs p50 ({label}) | filter − plain {m:+.1f} ± {h:.1f} µs "
+                     f"(the null filter alone: {nm:+.1f} ± {nh:.1f}) | {'yes' if m <= 50 else 'no'} (mean) |")
     return "\n".join(lines) + "\n"
 
 

@@ -14,8 +14,19 @@
 //! - `metric-name`: `:path`, and a counter incremented by label-encoded name (formatted per request,
 //!   looked up in a map).
 //! - `metric-id`: `:path`, and a counter incremented by an id resolved once.
+//! - `absent`: `:path`, and a read of a request header the request does not have (the filter's
+//!   route-header and `x-kubernetes-peer-proxied` reads).
+//! - `published`: `:path`, and a read of a shared-data key with an empty value under a short key
+//!   (the filter's per-request `snapshot::KEY_PUBLISHED` read: only its CAS comes back).
+//! - `pairs`: `:path`, and every request header in one `proxy_get_header_map_pairs`, read in place
+//!   (no copy per header; the filter's client-identity scan).
 
 use std::collections::HashMap;
+
+extern "C" {
+    fn proxy_get_header_map_pairs(map_type: MapType, return_map_data: *mut *mut u8, return_map_size: *mut usize)
+        -> u32;
+}
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -32,6 +43,9 @@ enum Probe {
     Property,
     MetricName,
     MetricId,
+    Absent,
+    Published,
+    Pairs,
 }
 
 proxy_wasm::main! {{
@@ -69,6 +83,9 @@ impl RootContext for Root {
             b"property" => Probe::Property,
             b"metric-name" => Probe::MetricName,
             b"metric-id" => Probe::MetricId,
+            b"absent" => Probe::Absent,
+            b"published" => Probe::Published,
+            b"pairs" => Probe::Pairs,
             other => {
                 log::error!("noop: unknown probe {:?}", String::from_utf8_lossy(other));
                 return false;
@@ -76,6 +93,9 @@ impl RootContext for Root {
         };
         if self.probe == Probe::Shared {
             let _ = hostcalls::set_shared_data("kpp-bench-noop/generation", Some(b"12"), None);
+        }
+        if self.probe == Probe::Published {
+            let _ = hostcalls::set_shared_data("kpp.noop/pub", Some(b""), None);
         }
         if self.probe == Probe::MetricId {
             self.metric = hostcalls::define_metric(MetricType::Counter, "kpp_bench_noop_total;code=200").unwrap_or(0);
@@ -151,11 +171,28 @@ impl Filter {
             Probe::Map => {
                 let _ = hostcalls::get_map_bytes(req);
             }
+            Probe::Absent => {
+                let _ = hostcalls::get_map_value_bytes(req, "x-kubernetes-peer-proxied");
+            }
+            Probe::Pairs => {
+                let mut data: *mut u8 = std::ptr::null_mut();
+                let mut size: usize = 0;
+                // SAFETY: the host writes a buffer it allocated with proxy_on_memory_allocate (a Vec of
+                // `size` bytes), owned here exactly once.
+                let status = unsafe { proxy_get_header_map_pairs(req, &mut data, &mut size) };
+                if status == 0 && !data.is_null() {
+                    let pairs = unsafe { Vec::from_raw_parts(data, size, size) };
+                    std::hint::black_box(pairs);
+                }
+            }
             _ => {}
         }
         match self.probe {
             Probe::Shared => {
                 let _ = hostcalls::get_shared_data("kpp-bench-noop/generation");
+            }
+            Probe::Published => {
+                let _ = hostcalls::get_shared_data("kpp.noop/pub");
             }
             Probe::Foreign => {
                 let _ = hostcalls::call_foreign_function("clear_route_cache", None);
