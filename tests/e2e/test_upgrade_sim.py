@@ -159,12 +159,14 @@ def test_local_server_restarted_as_new_within_one_round_does_not_404_what_a_peer
     false_404 = [x for x in answers if x.status == 404]
     assert not false_404, f"{len(false_404)} false 404s through a's Envoy, first: {false_404[0]!r}"
     _assert_no_panic(topo)
-    # Before a is back: the old a's last answers, then Envoy's 503 (it cannot connect). After: the guard answers
-    # the new a's 404 with a 503 of its own (or the request reaches b). Nothing else, in particular no 503 from
-    # a failed wasm VM.
+    # Before a is back: the old a's last answers, then Envoy's 503 (it cannot connect); a request a was
+    # answering when it stopped ends cut off (no HTTP answer: Envoy resets it after its 1 s delayed close,
+    # as in test_faults.py). After: the guard answers the new a's 404 with a 503 of its own (or the request
+    # reaches b). Nothing else, in particular no 503 from a failed wasm VM.
     bad = [x for x in answers if not (x.status == 200 and x.served_by == "b" or x.is_filter_503()
                                       or x.t0 < t_start and (x.status == 200 and x.served_by == "a"
-                                                             or x.status == 503 and x.origin == "envoy"))]
+                                                             or x.status == 503 and x.origin == "envoy"
+                                                             or x.status == 0 and x.error == "IncompleteRead"))]
     assert not bad, f"{len(bad)} unexpected answers, first: {bad[0]!r}; all: {_summary(answers)}"
     assert any(x.is_filter_503() or x.served_by == "b" for x in after), _summary(after)
 
