@@ -233,6 +233,16 @@ def main(argv=None):
         run_client(["-ca", str(node.pki / "ca.crt"), "-cert", str(crt), "-key", str(key),
                     "-target", f"filter={urls['filter']}", "-path", f"get={GET}", "-path", f"list={LIST}",
                     "-rounds", "1", "-n", str(a.timing_requests), "-warmup", "0"])
+        # Envoy writes a file access log from a buffer it flushes about once a second: wait (bounded)
+        # until every variant's log holds the timing pass's last path, the filter's certificate pass too
+        want = {v: a.timing_requests * (2 if v == "filter" else 1) for v in variants}
+        deadline = time.monotonic() + 15
+        while True:
+            have = {v: sum(1 for l in logs[v].read_text().splitlines() if l.strip().endswith("}")
+                           and json.loads(l).get("path") == LIST) for v in variants}
+            if all(have[v] >= want[v] for v in variants) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         timings = {}
         for v in variants:
             rows = [json.loads(l) for l in logs[v].read_text().splitlines() if l.strip()]
