@@ -116,9 +116,10 @@ compare-mvp: build k8s-build
 	$(PY) scripts/k8s/compare.py $(COMPARE_ARGS)
 
 # The real deployment's hop (docs/benchmarks.md): a kubeadm node (real kube-apiserver, TLS both
-# sides, the kubeadm profile) with plain Envoy, the do-nothing wasm filter and the filter side by side;
+# sides, the kubeadm profile) with plain Envoy, a null proxy-wasm module (bench/null), the do-nothing
+# wasm filter and the filter side by side;
 # a Go HTTP/2 keep-alive client (bench/hopclient) interleaves sequential GETs and LISTs over them in 40
-# paired rounds; writes target/hop/results.md (the Goals rows included). About 1.5 min.
+# paired rounds; writes target/hop/results.md (the Goals rows included). About 2 min.
 HOP_ARGS ?=
 .PHONY: hop
 hop: build k8s-build

@@ -3,7 +3,7 @@
 kube-apiserver on a kubeadm node, measured in one run with paired rounds.
 
 One kubeadm-like control-plane node (kpp.testing.kubeadm_node: kubeadm v1.36.3 writes the PKI and the
-apiserver manifest, the real kube-apiserver runs with its flags, one etcd), and three Envoys rendered by
+apiserver manifest, the real kube-apiserver runs with its flags, one etcd), and four Envoys rendered by
 `kpp.render.render_kubeadm` (TLS on both sides, SDS secrets, header stripping), running side by side on
 the node's address with their own ports:
 
@@ -16,12 +16,12 @@ the node's address with their own ports:
 bench/hopclient (Go, stdlib net/http: HTTP/2 over TLS, keep-alive, one connection per target, as client-go)
 sends GETs of one ConfigMap and LISTs of a namespace's ConfigMaps: per round and path `--requests` requests to
 every target, one request to each target in turn (the order rotating), never two at once; the apiserver
-straight (`direct`) is a fourth target. Interleaving request by request makes other jobs' bursts hit all
+straight (`direct`) is one more target. Interleaving request by request makes other jobs' bursts hit all
 targets alike (blocks of requests per target left CIs of ±100 µs on a loaded box; this gives ±20-30 µs).
 Per round and path: the p50 of each target and the paired differences, with a t-distribution 95 % CI
 over the rounds. Then one pass with Envoy's access log switched on (a runtime-gated log, off during the
 rounds) gives Envoy's own timings per variant (%COMMON_DURATION% between the stream's time points, µs).
-`--before other.wasm` adds a fourth Envoy with another build of the filter (A/B of a change).
+`--before other.wasm` adds a fifth Envoy with another build of the filter (A/B of a change).
 
     make hop   (= bash bench/noop/build.sh && .venv/bin/python scripts/k8s/hop.py --out target/hop/results.md)
     then:      python3 bench/update_doc.py ... (writes target/hop/results.md into docs/benchmarks.md, generated:hop)
