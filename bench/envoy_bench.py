@@ -75,7 +75,7 @@ STEADY = {"refresh_interval": "30m", "staleness_limit": "60m"}
 CALLGRIND_REQUESTS = 400
 CLIENT_HEADERS = {"User-Agent": "kubectl/v1.36.3 (linux/amd64) kubernetes/abcdef0", "Accept": "application/json",
                   "Accept-Encoding": "gzip"}
-CALLGRIND_KINDS = ["plain", "floor", "filter", "probe:absentx10", "probe:publishedx10", "probe:statusx10",
+CALLGRIND_KINDS = ["plain", "null", "floor", "filter", "probe:absentx10", "probe:publishedx10", "probe:statusx10",
                    "probe:pairsx10"]
 WRK_THREADS = 2
 WRK_CONNECTIONS = 50
@@ -99,6 +99,8 @@ _UNVERIFIED = ssl._create_unverified_context()
 NOOP_DIR = ROOT / "bench" / "noop"
 # bench/noop/build.sh: the same cargo profile and scripts/wasm-opt.sh as the product.
 NOOP_WASM = ROOT / "target" / "bench-noop" / "kpp_bench_noop.wasm"
+# bench/null/null.wat (built by the same script): the proxy-wasm ABI and nothing else, callgrind's `null`.
+NULL_WASM = ROOT / "target" / "bench-noop" / "null.wasm"
 H2LOAD_CLIENTS, H2LOAD_STREAMS = 10, 5  # 50 requests in flight, as wrk's 50 connections
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -580,6 +582,8 @@ class Bench:
             if self.before_wasm is None:
                 raise RuntimeError("a `before` scenario needs --before")
             return self.before_wasm
+        if kind == "null":
+            return NULL_WASM
         return NOOP_WASM
 
     def envoy_under_test(self, name: str, sc: Scenario, plugin: dict,
@@ -804,7 +808,7 @@ class Bench:
 
     def run_callgrind(self, kinds: list[str], requests: int = CALLGRIND_REQUESTS) -> dict[str, int]:
         """Envoy's instructions per request under valgrind's callgrind, for each kind of Envoy under
-        test ("plain", "floor", "filter", "before" or "probe:<name>"): one worker, the local GET on a
+        test ("plain", "null", "floor", "filter", "before" or "probe:<name>"): one worker, the local GET on a
         kept-alive connection; instrumentation on only for `requests` requests, minus a window of the
         same length without requests (timers), divided by `requests`. Counts, not seconds: the same
         for the same binaries and inputs whatever else the machine does."""
@@ -1022,8 +1026,14 @@ def callgrind_text(vg: dict[str, int], bench: "Bench") -> str:
     plain, floor = vg.get("plain"), vg.get("floor")
     for kind, n in vg.items():
         op = f"{n - plain:+,}" if plain else "—"
-        of = f"{n - floor:+,}" if floor and kind not in ("plain", "floor") else "—"
+        of = f"{n - floor:+,}" if floor and kind not in ("plain", "null", "floor") else "—"
         lines.append(f"| {kind} | {n:,} | {op} | {of} |")
+    if plain and floor and "null" in vg:
+        lines += ["", f"`null` is bench/null/null.wat, the proxy-wasm ABI with nothing in it (per request only the "
+                  f"two VM entries every HTTP filter gets, no host call): {vg['null'] - plain:+,} over plain Envoy is "
+                  f"what any proxy-wasm filter costs on this Envoy; the floor's {floor - vg['null']:+,} over it is what "
+                  "a do-nothing filter built on the Rust SDK adds (five more VM entries, a header read that re-enters "
+                  "the VM to allocate, the SDK's dispatch)."]
     if floor and "filter" in vg and all(f"probe:{k}x10" in vg for k in ("absent", "published", "status")):
         unit = {k: (vg[f"probe:{k}x10"] - floor) / 10 for k in ("absent", "published", "status", "pairs")
                 if f"probe:{k}x10" in vg}

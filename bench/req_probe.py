@@ -19,8 +19,9 @@ import, and drives them as Envoy does:
   them (a module without `proxy_on_log` gets no log call, as in proxy-wasm-cpp-host).
 
 For each scenario it reports the wasm instructions per request in steady state (the median of
-requests 50-100 on a warm VM, the first requests build caches) split by VM entry, and the host
-calls the request made, by name. The plugin configurations come from kpp.render, as in the
+requests 50-100 on a warm VM, the first requests build caches) split by VM entry, the first
+request's (the worker's entry cache empty), and the host calls the request made, by name. The
+`large` rows run the same requests against bench/envoy_bench.py's large table (its (e1), (e2)). The plugin configurations come from kpp.render, as in the
 benchmarks: the plain profile (bench/envoy_bench.py) and the kubeadm profile (make hop).
 """
 
@@ -51,6 +52,9 @@ PHASES_WASM = PHASES_DIR / "kube_peer_proxy_phases.wasm"
 PHASES = {2: "admit (client headers stripped, identity)", 3: "headers read", 4: "table (generation)",
           5: "route (parse, keys, lookup)", 6: "act"}
 FLOOR_WASM = ROOT / "target" / "bench-noop" / "kpp_bench_noop.wasm"
+# bench/envoy_bench.py's large table: its synthetic CRD set (core_bench synth), built by `make bench`'s core step
+CORE_BENCH = ROOT / "target" / "release" / "examples" / "core_bench"
+BIG = (400, 2, 25)  # groups, versions per group, resources per version -> 20 000 resources per server
 V2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 LOCAL_PATH = "/apis/apps/v1/namespaces/default/deployments/web"
 LIST_PATH = "/api/v1/namespaces/kube-system/pods?labelSelector=app%3Dweb&limit=500"
@@ -308,13 +312,14 @@ def plugin_configs(profile: str) -> tuple[str, str]:
 class World:
     """One module's discovery service and one worker VM, with the service's snapshot published."""
 
-    def __init__(self, wasm: Path, profile: str, floor: bool):
+    def __init__(self, wasm: Path, profile: str, floor: bool, large: bool = False):
         self.shared: dict = {}
         svc_cfg, flt_cfg = plugin_configs(profile)
         self.floor = floor
         if not floor:
             ups = {}
-            old, new = OLD_FIXTURE.read_bytes(), NEW_FIXTURE.read_bytes()
+            old, new = (synth(OLD_FIXTURE), synth(NEW_FIXTURE)) if large else (OLD_FIXTURE.read_bytes(),
+                                                                             NEW_FIXTURE.read_bytes())
             for name, doc in (("local", old), ("peer-b", new), ("peer-c", new)):
                 ups[name] = upstream(doc)
             svc = Host(wasm, self.shared, ups)
@@ -382,6 +387,14 @@ class World:
         return fuel, Counter(h.calls)
 
 
+def synth(base: Path) -> bytes:
+    """The large table's discovery document for `base`, as bench/envoy_bench.py builds it."""
+    if not CORE_BENCH.exists():
+        subprocess.run(["cargo", "build", "-q", "--release", "--example", "core_bench"], cwd=ROOT, check=True)
+    return subprocess.run([str(CORE_BENCH), "synth", str(base), *map(str, BIG)], capture_output=True,
+                          check=True).stdout
+
+
 SCENARIOS = [
     # key, title, method, path, extra headers
     ("get", "GET of a locally served resource", "GET", LOCAL_PATH, ()),
@@ -422,18 +435,23 @@ def phases(world: World, method, path, extra, n=60) -> dict[str, int]:
     return out
 
 
-def measure(world: World, method, path, extra, n=100, warm=50) -> tuple[dict, Counter, int]:
+def measure(world: World, method, path, extra, n=100, warm=50) -> tuple[dict, Counter, int, int]:
+    """Per VM entry and in all, the median of requests `warm`..`n`; and the first request's total
+    (the worker's entry cache still empty: it reads the table's bucket for the key)."""
     runs = []
     calls = Counter()
+    first = 0
     for i in range(n):
         fuel, c = world.request(method, path, extra)
+        if i == 0:
+            first = sum(fuel.values())
         if i >= warm:
             runs.append(fuel)
             calls = c
     entries = sorted({k for r in runs for k in r})
     med = {k: int(statistics.median(r.get(k, 0) for r in runs)) for k in entries}
     total = int(statistics.median(sum(r.values()) for r in runs))
-    return med, calls, total
+    return med, calls, total, first
 
 
 def main(argv: list[str]) -> int:
@@ -447,23 +465,26 @@ def main(argv: list[str]) -> int:
     a = p.parse_args(argv)
     rows = []
     floor = World(a.floor, "plain", floor=True)
-    fm, fc, ft = measure(floor, "GET", LOCAL_PATH, ())
-    rows.append(("floor", "the wasm floor (reads `:path`)", fm, fc, ft))
+    fm, fc, ft, ff = measure(floor, "GET", LOCAL_PATH, ())
+    rows.append(("floor", "the wasm floor (reads `:path`)", fm, fc, ft, ff))
     builds = [("", a.wasm)] + ([("before ", build_before(a.before))] if a.before else [])
     for label, wasm in builds:
-        for profile in ("plain", "kubeadm"):
-            world = World(wasm, profile, floor=False)
+        for profile in ("plain", "kubeadm", "large"):
+            world = World(wasm, "plain" if profile == "large" else profile, floor=False, large=profile == "large")
             for key, title, method, path, extra in SCENARIOS:
-                if profile == "kubeadm" and key not in ("get", "list"):
+                if profile != "plain" and key not in (("get", "peer") if profile == "large" else ("get", "list")):
                     continue
-                m, c, t = measure(world, method, path, extra)
-                rows.append((f"{label}{profile} {key}", title, m, c, t))
-    w = ["| request | wasm instructions | over the floor | by VM entry | host calls |", "|---|---:|---:|---|---|"]
-    for key, title, m, c, t in rows:
+                m, c, t, f = measure(world, method, path, extra)
+                if profile == "large":
+                    title += ", large table (+20 000 CRD resources per server, as (e1), (e2))"
+                rows.append((f"{label}{profile} {key}", title, m, c, t, f))
+    w = ["| request | wasm instructions | over the floor | first request | by VM entry | host calls |",
+         "|---|---:|---:|---:|---|---|"]
+    for key, title, m, c, t, f in rows:
         by = ", ".join(f"{k.removeprefix('proxy_on_')} {v:,}" for k, v in m.items())
         hc = ", ".join(f"{k.removeprefix('proxy_')} {v}" for k, v in sorted(c.items()))
         over = "—" if key == "floor" else f"{t - ft:+,}"
-        w.append(f"| {key}: {title} | {t:,} | {over} | {by} | {hc} |")
+        w.append(f"| {key}: {title} | {t:,} | {over} | {f:,} | {by} | {hc} |")
     if not a.no_phases:
         wasm = build_phases()
         w += ["", "Where `on_http_request_headers` spends them (a build with `--features phase-marks`, which marks "
