@@ -5,6 +5,7 @@ caches do not churn (upstream orders servers by identity for the same reason).""
 
 from __future__ import annotations
 
+import gzip
 import json
 
 from kpp import render
@@ -101,15 +102,21 @@ def with_crds(base: str, prefix: str, groups: int, versions: int = 2, resources:
     return doc
 
 
+def crd_servers(cluster, groups: int, name: str) -> dict:
+    """Three fake apiservers: `a` old (1.33) with `groups` CRD groups of its own, `b` and `c` new
+    (1.37) with the same `groups` other CRD groups."""
+    return {"a": cluster.start("a", apiset={"apis": with_crds("old", "a", groups), "minor": "33", "name": f"{name}-a"}),
+            "b": cluster.start("b", apiset={"apis": with_crds("new", "b", groups), "minor": "37", "name": f"{name}-b"}),
+            "c": cluster.start("c", apiset={"apis": with_crds("new", "b", groups), "minor": "37", "name": f"{name}-c"})}
+
+
 def test_a_merged_document_over_the_whole_limit_is_streamed_in_pieces_byte_identical(envoys):
-    """Above 1 MiB (snapshot::WHOLE_LIMIT) the service publishes the merged /apis in 256 KiB pieces
+    """Above snapshot::WHOLE_LIMIT (64 KiB) the service publishes the merged /apis in 256 KiB pieces
     and each worker copies them into the response one by one instead of keeping the document: the
     answer must still be the whole document, the same bytes on every node, matching its ETag."""
     cluster = Cluster()
     try:
-        servers = {"a": cluster.start("a", apiset={"apis": with_crds("old", "a", 150), "minor": "33", "name": "big-a"}),
-                   "b": cluster.start("b", apiset={"apis": with_crds("new", "b", 150), "minor": "37", "name": "big-b"}),
-                   "c": cluster.start("c", apiset={"apis": with_crds("new", "b", 150), "minor": "37", "name": "big-c"})}
+        servers = crd_servers(cluster, 150, "big")
         ports = start_nodes(envoys, servers, 30)
         got = {}
         for node, port in ports.items():
@@ -139,12 +146,9 @@ def test_a_gzipped_local_answer_becomes_the_merged_document_uncompressed(envoys)
     the merged document: the local server must be asked without Accept-Encoding, and the answer must
     carry no Content-Encoding, else the client gunzips plain JSON. Control: the same request
     straight to the fake apiserver is gzipped (the fake does what the apiserver does)."""
-    import gzip
     cluster = Cluster()
     try:
-        servers = {"a": cluster.start("a", apiset={"apis": with_crds("old", "a", 20), "minor": "33", "name": "gz-a"}),
-                   "b": cluster.start("b", apiset={"apis": with_crds("new", "b", 20), "minor": "37", "name": "gz-b"}),
-                   "c": cluster.start("c", apiset={"apis": with_crds("new", "b", 20), "minor": "37", "name": "gz-c"})}
+        servers = crd_servers(cluster, 20, "gz")
         ports = start_nodes(envoys, servers, 30)
         headers = {"Accept": V2, "Accept-Encoding": "gzip"}
         straight = request(f"{servers['a'].url}/apis", headers=headers)
