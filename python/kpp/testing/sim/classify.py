@@ -214,6 +214,7 @@ def summarize(result: dict, timeline: Timeline, apisets: dict, store_missing: li
         "lost": lost,
         "created": len(result["created"]),
         "deleted": len(result["deleted"]),
+        "delete_unanswered": len(result.get("delete_unanswered", [])),
         "p50": latencies[len(latencies) // 2] if latencies else 0.0,
         "p99": latencies[int(len(latencies) * 0.99)] if latencies else 0.0,
         "max": latencies[-1] if latencies else 0.0,
@@ -270,7 +271,8 @@ def table(summaries: dict) -> str:
     add("watch streams / events / broken", lambda s: "{} / {} / {}".format(
         sum(w["starts"] for w in s["watch"].values()), sum(w["events"] for w in s["watch"].values()),
         sum(w["breaks"] for w in s["watch"].values())))
-    add("objects created / deleted", lambda s: f"{s['created']} / {s['deleted']}")
+    add("objects created / deleted / delete without verdict",
+        lambda s: f"{s['created']} / {s['deleted']} / {s.get('delete_unanswered', 0)}")
     add("LOST WRITES", lambda s: str(s["lost_writes"]))
     add("FALSE 404 (all, incl. watches)", lambda s: str(s["false_404"]))
     add("404 while a server was starting (all)", lambda s: str(s["starting_404"]))

@@ -103,6 +103,9 @@ class Run:
         self.records: list[list] = []
         self.created: dict[str, int] = {}  # name -> gvr id, for every 201
         self.deleted: set[str] = set()  # names whose delete answered 200
+        # names whose delete got no verdict (connection lost, 5xx while a server stopped): the server may have
+        # applied it, as client-go's caller must assume, so their absence from the store is not a lost write
+        self.delete_unanswered: set[str] = set()
         self.lost: list[list] = []  # [name, gvr id, op, t]: a 201-created object a later read could not find
         self.watch_stats: dict[str, dict] = {}
         self.start_at = 0.0
@@ -163,6 +166,9 @@ class Run:
                 elif status == 404 and nf == "object":
                     with self.lock:
                         self.lost.append([name, g["id"], "delete", time.monotonic()])
+                elif status != 404:
+                    with self.lock:
+                        self.delete_unanswered.add(name)
         client.close()
         with self.lock:
             self.records.extend(records)
@@ -253,6 +259,7 @@ class Run:
             return {"start": self.start_at, "stop": self.stop_at, "end": time.monotonic(), "hung_threads": hung,
                     "workers": self.cfg["workers"], "rate": self.cfg["rate"],
                     "records": list(self.records), "created": dict(self.created), "deleted": sorted(self.deleted),
+                    "delete_unanswered": sorted(self.delete_unanswered),
                     "lost": list(self.lost), "watch": dict(self.watch_stats)}
 
 
