@@ -66,11 +66,6 @@ pub struct Config {
     /// Assert verified client certificates' identity to the apiservers in these request headers
     /// (the apiservers' `--requestheader-*` names); clients' copies of them are always removed.
     pub client_identity: Option<crate::request::identity::RequestHeaderNames>,
-    /// A response header Envoy itself adds to every 404 and removes from upstream answers (the
-    /// rendered bootstraps: `docs/design.md`). With it, the 404 guard tests that header, whose absence
-    /// costs the host little, instead of reading `:status` on every guarded answer: a read that
-    /// finds a value re-enters the VM to allocate for it. Without it, `:status` is read.
-    pub not_found_marker: Option<String>,
 }
 
 impl Default for Config {
@@ -90,7 +85,6 @@ impl Default for Config {
             merged_discovery: true,
             lease_discovery: None,
             client_identity: None,
-            not_found_marker: None,
         }
     }
 }
@@ -111,7 +105,6 @@ pub const FIELDS: &[&str] = &[
     "merged_discovery",
     "lease_discovery",
     "client_identity",
-    "not_found_marker",
 ];
 
 /// The fields of `client_identity`.
@@ -197,12 +190,6 @@ impl Config {
                 }
                 c.discovery_headers.push((k.clone(), val.to_string()));
             }
-        }
-        if let Some(h) = string(obj, "not_found_marker")? {
-            if h.is_empty() || h.starts_with(':') || !h.bytes().all(is_header_char) {
-                return Err(format!("not_found_marker: {h:?} is not a valid lower-case header name"));
-            }
-            c.not_found_marker = Some(h);
         }
         c.peers = peers(obj, &c)?;
         c.lease_discovery = lease_discovery(obj, &c)?;

@@ -43,8 +43,7 @@ fn full_config() {
         "discovery_authority": "kubernetes.default.svc.cluster.local",
         "discovery_headers": {"authorization": "Bearer abc", "x-extra_1.two": "v"},
         "max_discovery_bytes": 1048576,
-        "merged_discovery": false,
-        "not_found_marker": "x-kube-peer-proxy-not-found"
+        "merged_discovery": false
     }"#,
     )
     .expect("full");
@@ -64,7 +63,6 @@ fn full_config() {
         ]
     );
     assert_eq!(c.route_header, "x-route-to");
-    assert_eq!(c.not_found_marker.as_deref(), Some("x-kube-peer-proxy-not-found"));
     assert_eq!(c.refresh_interval, Duration::from_millis(500));
     assert_eq!(c.fetch_timeout, Duration::from_millis(250));
     assert_eq!(c.staleness_limit, Duration::from_secs(60));
@@ -338,24 +336,6 @@ fn rejections_name_the_field() {
             json: r#"{"local_cluster":"a","merged_discovery":"yes"}"#,
             field: "merged_discovery",
             contains: "boolean",
-        },
-        Bad {
-            desc: "not_found_marker upper case",
-            json: r#"{"local_cluster":"a","not_found_marker":"X-Not-Found"}"#,
-            field: "not_found_marker",
-            contains: "header name",
-        },
-        Bad {
-            desc: "not_found_marker pseudo",
-            json: r#"{"local_cluster":"a","not_found_marker":":status"}"#,
-            field: "not_found_marker",
-            contains: "header name",
-        },
-        Bad {
-            desc: "not_found_marker not a string",
-            json: r#"{"local_cluster":"a","not_found_marker":true}"#,
-            field: "not_found_marker",
-            contains: "string",
         },
         Bad {
             desc: "route_header upper case",

@@ -26,10 +26,6 @@ LEASE_CLUSTER = "peers-by-address"
 # Response header on the replies the filter makes itself (src/wasm/filter.rs): they already are
 # Kubernetes Status documents, so the local-reply mapper leaves them alone.
 FILTER_REPLY_HEADER = "x-kube-peer-proxy-reply"
-# Envoy marks every 404 with this response header (the plugin's `not_found_marker`), so the filter's 404
-# guard tests for a header instead of reading `:status` (a read that returns a value re-enters the VM);
-# removed from upstream answers before the filters see them and from the client's response.
-NOT_FOUND_MARKER = "x-kube-peer-proxy-not-found"
 VM_ID = "kube-peer-proxy"
 FILTER_ROOT_ID = "kube-peer-proxy"
 DISCOVERY_ROOT_ID = "kube-peer-proxy-discovery"
@@ -124,32 +120,6 @@ def _wasm_config(name, root_id, configuration, wasm_path):
     }
 
 
-def _header_mutation(name, response_mutations):
-    return {"name": name, "typed_config": {
-        "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
-        "mutations": {"response_mutations": response_mutations}}}
-
-
-def _not_found_marker(marker, wasm_filter):
-    """The wasm filter between the 404 marker's two native filters. Responses pass the filters in
-    reverse order: the one after the wasm filter marks a 404 before the filter sees it (a matcher on
-    `:status` skips it for every other status), the one before removes the marker on the way to the
-    client, whether or not the filter ran. The route removes upstream copies (render_bootstrap)."""
-    not_404 = {"not_matcher": {"single_predicate": {
-        "input": {"name": "status", "typed_config": {
-            "@type": "type.googleapis.com/envoy.type.matcher.v3.HttpResponseHeaderMatchInput",
-            "header_name": ":status"}},
-        "value_match": {"exact": "404"}}}}
-    mark = {"name": "kube-peer-proxy-mark-404", "typed_config": {
-        "@type": "type.googleapis.com/envoy.extensions.common.matching.v3.ExtensionWithMatcher",
-        "extension_config": _header_mutation("envoy.filters.http.header_mutation", [
-            {"append": {"header": {"key": marker, "value": "1"}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}}]),
-        "xds_matcher": {"matcher_list": {"matchers": [{"predicate": not_404, "on_match": {"action": {
-            "name": "skip", "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.filters.common.matcher.action.v3.SkipFilter"}}}}]}}}}
-    return [_header_mutation("kube-peer-proxy-unmark-404", [{"remove": marker}]), wasm_filter, mark]
-
-
 def render_bootstrap(*, node, listen_port, admin_port, local, peers, wasm_path, plugin=None,
                      filter_plugin=None, failure_policy="FAIL_RELOAD", with_filter=True,
                      upstream_tls_sni=None, upstream_ca=None, leases=None, listen_address="127.0.0.1"):
@@ -173,10 +143,6 @@ def render_bootstrap(*, node, listen_port, admin_port, local, peers, wasm_path, 
             "message": "%LOCAL_REPLY_BODY%", "reason": "ServiceUnavailable", "code": 503,
             "details": {"retryAfterSeconds": retry_after}}},
     }
-    # plugin={"not_found_marker": None}: no marker, the filter reads `:status` (an A/B of the marker).
-    marker = plugin_cfg.pop("not_found_marker", NOT_FOUND_MARKER) if with_filter else None
-    if marker:
-        plugin_cfg["not_found_marker"] = marker
     cfg = json.dumps(plugin_cfg, separators=(",", ":"))
     # First, so that a health check of a draining Envoy is answered 503 before anything else runs;
     # pass-through: otherwise the request goes on (to the filter, then the local apiserver).
@@ -188,9 +154,8 @@ def render_bootstrap(*, node, listen_port, admin_port, local, peers, wasm_path, 
         wasm = _wasm_config("kube-peer-proxy", FILTER_ROOT_ID,
                             filter_plugin if filter_plugin is not None else cfg, wasm_path)
         wasm["failure_policy"] = failure_policy
-        wasm_filter = {"name": "envoy.filters.http.wasm", "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm", "config": wasm}}
-        http_filters += _not_found_marker(marker, wasm_filter) if marker else [wasm_filter]
+        http_filters.append({"name": "envoy.filters.http.wasm", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm", "config": wasm}})
     http_filters.append({"name": "envoy.filters.http.router", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}})
 
@@ -233,8 +198,6 @@ def render_bootstrap(*, node, listen_port, admin_port, local, peers, wasm_path, 
         ]},
         "route_config": {
             "name": "apiserver",
-            # The 404 marker comes from this Envoy only: an upstream's copy goes before any filter sees it.
-            **({"response_headers_to_remove": [marker]} if marker else {}),
             # The routing and address headers are removed from every client request before any
             # filter runs (no address is "internal" by Envoy 1.40's default), so even a failed-open
             # VM cannot let a client pick a cluster or an upstream address.

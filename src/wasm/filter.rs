@@ -124,20 +124,8 @@ impl HttpContext for PeerProxy {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        if self.merged.is_none() && self.rerouted.is_none() {
-            if self.guard.is_none() {
-                return Action::Continue;
-            }
-            // Only the guard cares, and only about a 404: with the bootstrap's marker (Envoy adds it
-            // to 404s alone) an absent header answers without a returned value, which would
-            // re-enter the VM to be allocated (`config::Config::not_found_marker`).
-            if let Some(marker) = &self.shared.config.not_found_marker {
-                if host::header(RESPONSE, marker).is_none() {
-                    self.guard = None;
-                    return Action::Continue;
-                }
-                return self.guard_response_headers("404");
-            }
+        if self.merged.is_none() && self.rerouted.is_none() && self.guard.is_none() {
+            return Action::Continue;
         }
         // One read of the status for all three (a host call costs about a microsecond).
         let status = host::header(RESPONSE, ":status").unwrap_or_default();

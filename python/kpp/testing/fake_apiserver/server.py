@@ -244,7 +244,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         if "Cache-Control" not in headers:
             self.send_header("Cache-Control", "no-cache, private")
-        for name, value in {**headers, **self.server.instance.extra_response_headers}.items():
+        for name, value in headers.items():
             self.send_header(name, value)
         self.end_headers()
         self.wfile.write(body)
@@ -751,8 +751,6 @@ class Instance:
         # (group, version, resource) → APIResourceDiscovery of types served but not in discovery (/__fake/serve).
         self.extra_resources: dict[tuple[str, str, str], dict] = {}
         self.oversized_bytes = OVERSIZED_BYTES
-        # Added to every answer (a hostile or buggy upstream, e.g. one that sends the proxy's 404 marker).
-        self.extra_response_headers: dict[str, str] = {}
         self._log = deque(maxlen=REQUEST_LOG_SIZE)
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
