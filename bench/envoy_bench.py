@@ -75,7 +75,8 @@ STEADY = {"refresh_interval": "30m", "staleness_limit": "60m"}
 CALLGRIND_REQUESTS = 400
 CLIENT_HEADERS = {"User-Agent": "kubectl/v1.36.3 (linux/amd64) kubernetes/abcdef0", "Accept": "application/json",
                   "Accept-Encoding": "gzip"}
-CALLGRIND_KINDS = ["plain", "null", "floor", "filter", "probe:absentx10", "probe:publishedx10", "probe:statusx10",
+CALLGRIND_KINDS = ["plain", "null", "floor", "filter", "filter@large", "filter@peer", "filter@large-peer",
+                   "probe:absentx10", "probe:publishedx10", "probe:statusx10",
                    "probe:pairsx10"]
 WRK_THREADS = 2
 WRK_CONNECTIONS = 50
@@ -814,16 +815,25 @@ class Bench:
         for the same binaries and inputs whatever else the machine does."""
         out = {}
         for kind in kinds:
-            sc = Scenario(f"vg-{kind}", kind, kind, False, LOCAL_PATH, served_by=OLD)
+            # "<kind>@<variant>": the filter's other requests and tables ("peer": the new-only GET the
+            # filter reroutes; "large": the table of (e1)/(e2)), so that "does not grow with the table"
+            # is judged by counts too.
+            base, _, variant = kind.partition("@")
+            big, peer = "large" in variant, "peer" in variant
+            path = PEER_PATH if peer else LOCAL_PATH
+            prefix = "big-" if big else ""
+            served = tuple(prefix + s_ for s_ in (PEERS if peer else OLD))
+            sc = Scenario(f"vg-{kind}", kind, base, big, path, served_by=served)
             port, admin = harness.free_port(), harness.free_port()
             probe = kind.split(":", 1)[1] if kind.startswith("probe:") else "path"
             # Discovery calls run ~50 times slower under valgrind: a long fetch timeout.
             plugin = {**STEADY, "fetch_timeout": "300s"}
             b = json.loads(render.render_bootstrap(
-                node="a", listen_port=port, admin_port=admin, local=("127.0.0.1", self.ports["old"]),
-                peers=[("b", "127.0.0.1", self.ports["new-b"]), ("c", "127.0.0.1", self.ports["new-c"])],
-                wasm_path=str(self.wasm_for(kind)), plugin=plugin, with_filter=kind != "plain",
-                filter_plugin=None if sc.filter or kind == "plain" else probe))
+                node="a", listen_port=port, admin_port=admin, local=("127.0.0.1", self.ports[prefix + "old"]),
+                peers=[("b", "127.0.0.1", self.ports[prefix + "new-b"]),
+                       ("c", "127.0.0.1", self.ports[prefix + "new-c"])],
+                wasm_path=str(self.wasm_for(base)), plugin=plugin, with_filter=base != "plain",
+                filter_plugin=None if sc.filter or base == "plain" else probe))
             if not sc.filter:
                 b.pop("bootstrap_extensions", None)
             cfg = self.workdir / f"callgrind-{sc.key.replace(':', '-')}.json"
@@ -835,7 +845,7 @@ class Bench:
                  "--base-id", str(harness._next_base_id()), "-l", "warning"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
             try:
-                proc.wait_until(lambda: get(f"http://127.0.0.1:{port}{LOCAL_PATH}", timeout=60)[0] == 200, 600,
+                proc.wait_until(lambda: get(f"http://127.0.0.1:{port}{path}", timeout=60)[0] == 200, 600,
                                 interval=1, message=f"callgrind {kind}: Envoy not answering")
                 if sc.filter:
                     def published():
@@ -851,7 +861,7 @@ class Bench:
                         subprocess.run(["callgrind_control", *args, str(proc_.pid)], check=True, capture_output=True)
                     t0 = time.monotonic()
                     for _ in range(n):
-                        conn.request("GET", LOCAL_PATH, headers=CLIENT_HEADERS)
+                        conn.request("GET", path, headers=CLIENT_HEADERS)
                         r = conn.getresponse()
                         r.read()
                         if r.status != 200:
@@ -901,8 +911,14 @@ def sweep_by(sweep: list[SweepPoint]) -> dict[tuple[int, str], SweepPoint]:
     return {(x.workers, x.kind): x for x in sweep}
 
 
+# "Does not grow with the table", judged by Envoy's instructions per request under callgrind: the large
+# table's count within this share of the fixtures' (repeated runs of one build differ by ~0.6 %).
+GROWTH_TOLERANCE = 0.02
+
+
 def goal_rows(by: dict, bench: "Bench", sweep: list[SweepPoint] | None = None,
-              paired: dict[str, Paired] | None = None) -> list[tuple[str, str, bool]]:
+              paired: dict[str, Paired] | None = None,
+              callgrind: dict[str, int] | None = None) -> list[tuple[str, str, bool]]:
     """(goal, measurement, holds) for the footprint goals this run can judge."""
     rows = []
     paired = paired or {}
@@ -945,14 +961,26 @@ def goal_rows(by: dict, bench: "Bench", sweep: list[SweepPoint] | None = None,
                   if "e10" in by and "b0" in by else "")
         rows.append(("RSS growth, fixtures → 20 000 resources per server ≤ 60 MiB",
                      f"(e1) − (b) = {d:+.0f} MiB{before}", d <= 60))
-    for e, s_ in (("e1", "b"), ("e2", "c")):
+    vg = callgrind or {}
+    for e, s_, large, small in (("e1", "b", "filter@large", "filter"), ("e2", "c", "filter@large-peer", "filter@peer")):
+        cpu = ""
         if e in by and s_ in by:
+            xs = [x.us_per_req for x in by[s_].runs]
+            cpu = f"({e}) {us(e):.1f} µs vs ({s_}) {us(s_):.1f} µs (runs {min(xs):.0f}–{max(xs):.0f})"
+        if large in vg and small in vg:
+            # Counts, not CPU seconds: the CPU medians of 3 runs on this shared box move by more than
+            # the 5 µs this goal allows (docs/benchmarks.md).
+            g = vg[large] / vg[small] - 1
+            rows.append((f"per-request cost does not grow with table size ({e} vs {s_}; Envoy instructions "
+                         f"per request, ≤ {GROWTH_TOLERANCE:.0%})",
+                         f"{vg[large]:,} vs {vg[small]:,} ({g:+.1%})" + (f"; CPU {cpu}" if cpu else ""),
+                         g <= GROWTH_TOLERANCE))
+        elif cpu:
             xs = [x.us_per_req for x in by[s_].runs]
             # "Does not grow": the large table within the small one's runs, or at most 5 µs above
             # its median (a large-table median below the small one's fastest run is no failure).
             ok = us(e) <= max(xs) or us(e) - us(s_) <= 5
-            rows.append((f"per-request cost does not grow with table size ({e} vs {s_})",
-                         f"({e}) {us(e):.1f} µs vs ({s_}) {us(s_):.1f} µs (runs {min(xs):.0f}–{max(xs):.0f})", ok))
+            rows.append((f"per-request cost does not grow with table size ({e} vs {s_})", cpu, ok))
     for k in ("e1", "b"):
         if k in by and f"{k}0" in by and by[k].snapshot_s is not None and by[f"{k}0"].snapshot_s is not None:
             a_, b_ = by[k].snapshot_s, by[f"{k}0"].snapshot_s
@@ -1026,7 +1054,7 @@ def callgrind_text(vg: dict[str, int], bench: "Bench") -> str:
     plain, floor = vg.get("plain"), vg.get("floor")
     for kind, n in vg.items():
         op = f"{n - plain:+,}" if plain else "—"
-        of = f"{n - floor:+,}" if floor and kind not in ("plain", "null", "floor") else "—"
+        of = f"{n - floor:+,}" if floor and kind not in ("plain", "null", "floor") and "@" not in kind else "—"
         lines.append(f"| {kind} | {n:,} | {op} | {of} |")
     if plain and floor and "null" in vg:
         lines += ["", f"`null` is bench/null/null.wat, the proxy-wasm ABI with nothing in it (per request only the "
@@ -1034,6 +1062,13 @@ def callgrind_text(vg: dict[str, int], bench: "Bench") -> str:
                   f"what any proxy-wasm filter costs on this Envoy; the floor's {floor - vg['null']:+,} over it is what "
                   "a do-nothing filter built on the Rust SDK adds (five more VM entries, a header read that re-enters "
                   "the VM to allocate, the SDK's dispatch)."]
+    if any("@" in k for k in vg):
+        pairs = [(lg, sm) for lg, sm in (("filter@large", "filter"), ("filter@large-peer", "filter@peer"))
+                 if lg in vg and sm in vg]
+        lines += ["", "`filter@large`: the same local GET with the large table of (e1) and (e2) (+20 000 CRD "
+                  "resources per server); `filter@peer`, `filter@large-peer`: the GET of a new-only resource, "
+                  "which the filter reroutes to a peer, with the fixtures and with the large table. "
+                  + " ".join(f"{lg} over {sm}: {vg[lg] - vg[sm]:+,} ({vg[lg] / vg[sm] - 1:+.1%})." for lg, sm in pairs)]
     if floor and "filter" in vg and all(f"probe:{k}x10" in vg for k in ("absent", "published", "status")):
         unit = {k: (vg[f"probe:{k}x10"] - floor) / 10 for k in ("absent", "published", "status", "pairs")
                 if f"probe:{k}x10" in vg}
@@ -1241,7 +1276,7 @@ def report(results: list[Result], idle: list[dict], bench: Bench, argv: list[str
             f"{x.workers} workers {x.kind} " + ", ".join(f"{r:.0f}" for r in x.samples)
             for x in sorted(sweep, key=lambda x: (x.workers, x.kind))) + ".")
         w("")
-    goals = goal_rows(by, bench, sweep, paired)
+    goals = goal_rows(by, bench, sweep, paired, callgrind)
     if goals:
         w("**Goals** (issue: footprint), each from this run:")
         w("")
