@@ -13,7 +13,26 @@ FEATURES=(--enable-bulk-memory --enable-sign-ext --enable-mutable-globals --enab
 # No inlining: with wasm-opt's default inlining the module is 2 % smaller but V8 keeps about 13 MiB
 # more per Envoy (measured with bench/envoy_bench.py's scenario (b): 121 MiB RSS with -Oz, 108 MiB
 # with -Oz and inlining off, 106 MiB with cargo's output; 2026-12-02).
+#
+# Exports: the Rust SDK exports every proxy-wasm callback, and Envoy calls each exported one, so a
+# request would enter the VM for `proxy_on_log`, `proxy_on_done` and every request-body chunk although
+# the module does nothing there (each VM entry costs Envoy about 1 800 instructions: docs/benchmarks.md).
+# binaryen's wasm-metadce keeps only the exports below (the ABI's own, and the callbacks src/wasm
+# implements) and drops the rest; tests/e2e/test_wasm_exports.py checks the list against src/wasm.
+KEEP=(memory _initialize proxy_abi_version_0_2_1 proxy_on_memory_allocate proxy_on_vm_start
+      proxy_on_configure proxy_on_tick proxy_on_context_create proxy_on_delete proxy_on_http_call_response
+      proxy_on_request_headers proxy_on_response_headers proxy_on_response_body)
 tmp="$out.tmp.$$"
+graph="$out.graph.$$"
+trap 'rm -f "$tmp" "$tmp.dce" "$graph"' EXIT
+{
+    printf '[{"name":"outside","root":true,"reaches":['
+    sep=""; for e in "${KEEP[@]}"; do printf '%s"e-%s"' "$sep" "$e"; sep=","; done
+    printf ']}'
+    for e in "${KEEP[@]}"; do printf ',{"name":"e-%s","export":"%s"}' "$e" "$e"; done
+    printf ']\n'
+} > "$graph"
+wasm-metadce "${FEATURES[@]}" -f "$graph" "$in" -o "$tmp.dce" >/dev/null
 wasm-opt -Oz -fimfs=0 --one-caller-inline-max-function-size=0 --strip-debug --strip-producers \
-    "${FEATURES[@]}" "$in" -o "$tmp"
+    "${FEATURES[@]}" "$tmp.dce" -o "$tmp"
 mv -f "$tmp" "$out"
