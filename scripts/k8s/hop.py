@@ -3,13 +3,16 @@
 kube-apiserver on a kubeadm node, measured in one run with paired rounds.
 
 One kubeadm-like control-plane node (kpp.testing.kubeadm_node: kubeadm v1.36.3 writes the PKI and the
-apiserver manifest, the real kube-apiserver runs with its flags, one etcd), and four Envoys rendered by
+apiserver manifest, the real kube-apiserver runs with its flags, one etcd), and five Envoys rendered by
 `kpp.render.render_kubeadm` (TLS on both sides, SDS secrets, header stripping), running side by side on
 the node's address with their own ports:
 
 * plain  — the kubeadm bootstrap with the wasm filter removed (no bootstrap extension, no peer listener);
 * null   — the same with bench/null's filter in the filter's place: the proxy-wasm ABI with nothing in it (two
            VM entries per request, no host call, no SDK): what any proxy-wasm filter costs on this Envoy;
+* least  — the same with bench/null/least.wat: exactly the VM entries and host calls the filter makes for a
+           local GET (header map, certificate subject, the snapshot's CAS, `:status`), no code and no SDK: what
+           any filter that does this job costs on this Envoy's ABI;
 * floor  — the same with bench/noop's do-nothing wasm filter (reads `:path`, continues) in the filter's place;
 * filter — the kubeadm bootstrap as rendered (filter, discovery service, peer listener).
 
@@ -21,7 +24,7 @@ targets alike (blocks of requests per target left CIs of ±100 µs on a loaded b
 Per round and path: the p50 of each target and the paired differences, with a t-distribution 95 % CI
 over the rounds. Then one pass with Envoy's access log switched on (a runtime-gated log, off during the
 rounds) gives Envoy's own timings per variant (%COMMON_DURATION% between the stream's time points, µs).
-`--before other.wasm` adds a fifth Envoy with another build of the filter (A/B of a change).
+`--before other.wasm` adds a sixth Envoy with another build of the filter (A/B of a change).
 
     make hop   (= bash bench/noop/build.sh && .venv/bin/python scripts/k8s/hop.py --out target/hop/results.md)
     then:      python3 bench/update_doc.py ... (writes target/hop/results.md into docs/benchmarks.md, generated:hop)
@@ -48,12 +51,13 @@ from kpp.testing.proc import OPENER, free_port
 ROOT = Path(__file__).resolve().parents[2]
 NOOP_WASM = ROOT / "target" / "bench-noop" / "kpp_bench_noop.wasm"  # bench/noop/build.sh
 NULL_WASM = ROOT / "target" / "bench-noop" / "null.wasm"  # bench/noop/build.sh, from bench/null/null.wat
+LEAST_WASM = ROOT / "target" / "bench-noop" / "least.wasm"  # bench/noop/build.sh, from bench/null/least.wat
 HOPCLIENT = ROOT / "target" / "hopclient"
 NS = "default"
 GET = f"/api/v1/namespaces/{NS}/configmaps/hop-00"
 LIST = f"/api/v1/namespaces/{NS}/configmaps"
 FIRST_INDEX = 81  # KubeadmNode addresses 127.0.0.81 / 127.0.1.81 (docs/notes: 81-89 are the hop's)
-VARIANTS = ("plain", "null", "floor", "filter")
+VARIANTS = ("plain", "null", "least", "floor", "filter")
 LOG_KEY = "hop.access_log"
 
 # Envoy's own timings: microseconds between the stream's time points (Envoy's StreamInfo).
@@ -85,7 +89,8 @@ def _gated_log(path: Path) -> list:
                               "path": str(path), "log_format": {"json_format": fmt}}}]
 
 
-def bootstrap(node, variant: str, port: int, peer_port: int, admin: int, log: Path, wasm: Path) -> dict:
+def bootstrap(node, variant: str, port: int, peer_port: int, admin: int, log: Path, wasm: Path,
+              modules: dict[str, Path] | None = None) -> dict:
     b = json.loads(node.render_envoy([], wasm, port=port, peer_port=peer_port, admin_port=admin,
                                      access_log=None))
     b["layered_runtime"] = {"layers": [{"name": "admin", "admin_layer": {}}]}
@@ -100,9 +105,10 @@ def bootstrap(node, variant: str, port: int, peer_port: int, admin: int, log: Pa
     i = next(i for i, f in enumerate(filters) if f["name"] == "envoy.filters.http.wasm")
     if variant == "plain":
         del filters[i]
-    else:  # null or floor: that filter in the same place, same root id (the floor with probe `path`)
+    else:  # null, least or floor: that filter in the same place, same root id (the floor with probe `path`)
         cfg = filters[i]["typed_config"]["config"]
-        cfg["vm_config"]["code"]["local"]["filename"] = str(NULL_WASM if variant == "null" else NOOP_WASM)
+        cfg["vm_config"]["code"]["local"]["filename"] = str(
+            {"null": NULL_WASM, "least": LEAST_WASM, **(modules or {})}.get(variant, NOOP_WASM))
         cfg["configuration"]["value"] = "path"
     return b
 
@@ -161,10 +167,20 @@ def main(argv=None):
     p.add_argument("--no-direct", action="store_true", help="leave the apiserver-straight target out")
     p.add_argument("--out", default=str(ROOT / "target" / "hop" / "results.md"))
     p.add_argument("--wasm", default=None, help="the filter's .wasm (default: make build's target/kube_peer_proxy.wasm)")
-    p.add_argument("--before", default=None, help="another build of the filter, measured as a fourth variant `before`")
+    p.add_argument("--before", default=None, help="another build of the filter, measured as one more variant `before`")
+    p.add_argument("--module", action="append", default=[], metavar="NAME=PATH",
+                   help="one more variant NAME: the module at PATH in the filter's place, as `null` and `least` "
+                        "(e.g. a variant of bench/null/least.wat without one of its calls); repeatable")
     a = p.parse_args(argv)
+    modules = {}
+    for m in a.module:
+        name, _, path = m.partition("=")
+        if not path or name in VARIANTS + ("before", "direct") or not Path(path).is_file():
+            raise SystemExit(f"--module {m}: want NAME=PATH, a new name and an existing .wasm")
+        modules[name] = Path(path)
     wasm = Path(a.wasm) if a.wasm else harness.wasm_path()
     for f, how in ((NOOP_WASM, "bash bench/noop/build.sh"), (NULL_WASM, "bash bench/noop/build.sh"),
+                   (LEAST_WASM, "bash bench/noop/build.sh"),
                    (wasm, "make build")):
         if not f.is_file():
             raise SystemExit(f"{f} is missing: {how}")
@@ -175,7 +191,7 @@ def main(argv=None):
     node = cluster.first
     envoys: dict[str, harness.Envoy] = {}
     ports: dict[str, int] = {}
-    variants = VARIANTS + (("before",) if a.before else ())
+    variants = VARIANTS + (("before",) if a.before else ()) + tuple(modules)
     logs = {v: workdir / f"access-{v}.log" for v in variants}
     try:
         # KubeadmCluster.start without its own Envoy: kubeadm phases, etcd, apiserver, RBAC
@@ -193,7 +209,7 @@ def main(argv=None):
         print(f"kubeadm node up in {t_up:.0f} s ({workdir})", flush=True)
         for v in variants:
             port, peer, admin = free_port(), free_port(), free_port()
-            b = bootstrap(node, v, port, peer, admin, logs[v], Path(a.before) if v == "before" else wasm)
+            b = bootstrap(node, v, port, peer, admin, logs[v], Path(a.before) if v == "before" else wasm, modules)
             (workdir / f"envoy-{v}.json").write_text(json.dumps(b, indent=1))
             envoys[v] = harness.Envoy(json.dumps(b, indent=1) + "\n", f"hop-{v}", admin,
                                       workdir=workdir / f"envoy-{v}", log_level="warning",
@@ -295,9 +311,12 @@ def report(a, res, timings, stats, total, t_up, t_rounds, targets, variants) -> 
             row.append(f"{statistics.median(r[2][int(len(r[2]) * 0.9)] for r in rs):.0f}")
         row.append(f"{res['first_us'][n]:.0f}")
         lines.append("| " + " | ".join(row) + " |")
-    pairs = [("filter", "plain"), ("null", "plain"), ("floor", "plain"), ("floor", "null"), ("filter", "floor")]
+    pairs = [("filter", "plain"), ("null", "plain"), ("least", "plain"), ("least", "null"), ("filter", "least"),
+             ("floor", "plain"), ("floor", "null"), ("filter", "floor")]
     if "before" in names:
         pairs += [("before", "plain"), ("filter", "before")]
+    pairs += [(n, "plain") for n in names if n not in VARIANTS + ("before", "direct")]
+    pairs += [(n, "least") for n in names if n not in VARIANTS + ("before", "direct")]
     if "direct" in names:
         pairs.append(("plain", "direct"))
     lines += ["", f"Paired differences of the per-round p50 ({a.rounds} rounds; mean ± 95 % CI, t-distribution):", "",
@@ -336,8 +355,10 @@ def report(a, res, timings, stats, total, t_up, t_rounds, targets, variants) -> 
     for path, label in (("get", "local GET"), ("list", "LIST")):
         m, h = diffs[("filter", "plain", path)]
         nm, nh = diffs[("null", "plain", path)]
+        lm, lh = diffs[("least", "plain", path)]
         lines.append(f"| filter ≤ plain Envoy + 50 µs p50 ({label}) | filter − plain {m:+.1f} ± {h:.1f} µs "
-                     f"(the null filter alone: {nm:+.1f} ± {nh:.1f}) | {'yes' if m <= 50 else 'no'} (mean) |")
+                     f"(the null filter alone: {nm:+.1f} ± {nh:.1f}; the least of this job, least.wat: "
+                     f"{lm:+.1f} ± {lh:.1f}) | {'yes' if m <= 50 else 'no'} (mean) |")
     return "\n".join(lines) + "\n"
 
 
