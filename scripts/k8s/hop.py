@@ -315,8 +315,8 @@ def report(a, res, timings, stats, total, t_up, t_rounds, targets, variants) -> 
              ("floor", "plain"), ("floor", "null"), ("filter", "floor")]
     if "before" in names:
         pairs += [("before", "plain"), ("filter", "before")]
-    pairs += [(n, "plain") for n in names if n not in VARIANTS + ("before", "direct")]
-    pairs += [(n, "least") for n in names if n not in VARIANTS + ("before", "direct")]
+    added = [n for n in names if n not in VARIANTS + ("before", "direct")]  # --module variants
+    pairs += [(n, "plain") for n in added] + [(n, "least") for n in added]
     if "direct" in names:
         pairs.append(("plain", "direct"))
     lines += ["", f"Paired differences of the per-round p50 ({a.rounds} rounds; mean ± 95 % CI, t-distribution):", "",
