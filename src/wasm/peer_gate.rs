@@ -12,7 +12,7 @@ use proxy_wasm::types::{Action, MetricType};
 use super::host;
 use crate::config::PeerGateConfig;
 use crate::request::identity;
-use crate::request::reply;
+use crate::request::reply::LocalReply;
 
 /// Requests the gate refused (certificate subject not allowed).
 pub const REFUSED: &str = "kube_peer_proxy_peer_listener_refused_total";
@@ -45,9 +45,12 @@ impl HttpContext for Gate {
         if let Some(id) = self.refused_metric {
             let _ = hostcalls::increment_metric(id, 1);
         }
-        // kube-apiserver answers such a certificate with 401 as well.
-        let body = reply::unauthorized("the client certificate is not an allowed front proxy");
-        if let Err(e) = hostcalls::send_http_response(401, vec![("content-type", "application/json")], Some(&body)) {
+        // kube-apiserver answers such a certificate with 401 as well. The same reply (and marker
+        // header) as the filter's other own 401s: a client can tell the gate's answer from the
+        // apiserver's.
+        let reply = LocalReply::unauthorized("the client certificate is not an allowed front proxy");
+        let headers: Vec<(&str, &str)> = reply.headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        if let Err(e) = hostcalls::send_http_response(reply.status, headers, Some(&reply.body)) {
             log::error!("kube-peer-proxy: cannot send local reply: {e:?}");
         }
         Action::Pause
