@@ -42,7 +42,8 @@ pub struct LeaseDiscovery {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
-    /// Name of the local apiserver in metrics and logs.
+    /// Name of the local apiserver in metrics, logs and merged discovery's name order. In lease
+    /// mode with `local_hostname` it is that hostname (what the peers call this server).
     pub local_name: String,
     /// Envoy cluster of the local apiserver (the route's default cluster).
     pub local_cluster: String,
@@ -193,6 +194,21 @@ impl Config {
         }
         c.peers = peers(obj, &c)?;
         c.lease_discovery = lease_discovery(obj, &c)?;
+        // Lease mode names every peer by its lease's hostname label, so the other nodes name this
+        // server by local_hostname: the local name must be the same, or the nodes disagree on names
+        // (merged discovery's precedence is name order; metrics and the status view label by name).
+        if let Some(h) = c.lease_discovery.as_ref().and_then(|l| l.local_hostname.as_ref()) {
+            match obj.get("local_name") {
+                None => c.local_name = h.clone(),
+                Some(_) if c.local_name == *h => {}
+                Some(_) => {
+                    return Err(format!(
+                        "local_name: {:?} differs from lease_discovery.local_hostname {h:?}; in lease mode the peers name this server by its hostname, so leave local_name out or set it to {h:?}",
+                        c.local_name
+                    ))
+                }
+            }
+        }
         c.client_identity = client_identity(obj)?;
         if let Some(id) = &c.client_identity {
             let route = c.route_header.as_str();

@@ -530,6 +530,12 @@ fn rejections_name_the_field() {
             contains: "missing",
         },
         Bad {
+            desc: "lease mode, a local_name other than the lease hostname the peers name this server by",
+            json: r#"{"local_cluster":"a","local_name":"a","lease_discovery":{"cluster":"p","local_hostname":"cp-1"}}"#,
+            field: "local_name",
+            contains: "differs from lease_discovery.local_hostname \"cp-1\"",
+        },
+        Bad {
             desc: "lease_discovery empty hostname",
             json: r#"{"local_cluster":"a","lease_discovery":{"cluster":"p","local_hostname":" "}}"#,
             field: "lease_discovery.local_hostname",
@@ -766,6 +772,25 @@ fn lease_discovery_config() {
             .expect("lease_discovery");
         assert_eq!(l.peer_port, Some(want));
     }
+}
+
+/// In lease mode the peers name each server by its lease's `kubernetes.io/hostname` (membership.rs),
+/// so the local server is named by `local_hostname` too: every node then has the same names, which
+/// merged discovery orders by and metrics and the status view label by. (A `local_name` that differs
+/// is refused: `rejections_name_the_field`.)
+#[test]
+fn lease_mode_names_the_local_server_by_its_lease_hostname() {
+    let parse = |json: &str| Config::parse(json.as_bytes()).expect(json);
+    let derived = parse(r#"{"local_cluster":"l","lease_discovery":{"cluster":"p","local_hostname":"cp-1"}}"#);
+    assert_eq!(derived.local_name, "cp-1", "local_name left out: the lease hostname");
+    let same =
+        parse(r#"{"local_cluster":"l","local_name":"cp-1","lease_discovery":{"cluster":"p","local_hostname":"cp-1"}}"#);
+    assert_eq!(same, derived);
+    // Outside lease mode, and in lease mode by address only (the hostname is not known), the
+    // configured name (or "local") stays.
+    assert_eq!(parse(r#"{"local_cluster":"l","local_name":"a"}"#).local_name, "a");
+    let by_address = r#"{"local_cluster":"l","lease_discovery":{"cluster":"p","local_address":"10.0.0.1:6443"}}"#;
+    assert_eq!(parse(by_address).local_name, "local");
 }
 
 #[test]

@@ -41,6 +41,12 @@ fn base(field: &str) -> (Value, Option<&'static str>, String) {
         Some(("lease_discovery", f)) => (full, Some("lease_discovery"), f.to_string()),
         Some(("client_identity", f)) => (full, Some("client_identity"), f.to_string()),
         Some(_) => panic!("unknown part in {field}"),
+        // Its documented default holds outside lease mode (in lease mode it is local_hostname).
+        None if field == "local_name" => {
+            let mut outside = full;
+            part(&mut outside, None).remove("lease_discovery");
+            (outside, None, field.to_string())
+        }
         None => (full, None, field.to_string()),
     }
 }

@@ -58,7 +58,10 @@ DEFAULT_PLUGIN = {
 
 
 def plugin_config(node, peers, overrides=None, leases=None):
-    cfg = {"local_name": node, "local_cluster": "local", "route_header": ROUTE_HEADER}
+    # Lease mode: the peers name this server by its lease's hostname label, so the filter names it the same
+    # way (src/config.rs refuses another local_name); `node` then names only Envoy's node.
+    local_name = (leases or {}).get("local_hostname") or node
+    cfg = {"local_name": local_name, "local_cluster": "local", "route_header": ROUTE_HEADER}
     if leases is None:
         cfg["peers"] = [{"name": name, "cluster": f"peer-{name}"} for name, _, _ in peers]
     else:
@@ -505,7 +508,8 @@ def main(argv=None):
                                        "its options (docs/deploy.md). `--demo [DIR]` writes the demo's bootstraps.")
     p.add_argument("--kubeadm", metavar="PKI_DIR",
                    help="render the kubeadm control-plane profile instead (its own options: --kubeadm PKI_DIR --help)")
-    p.add_argument("--node", required=True, help="this apiserver's name (metrics, logs, merged discovery order)")
+    p.add_argument("--node", required=True, help="this apiserver's name (metrics, logs, merged discovery order; "
+                                                 "in lease mode the filter uses --lease-local-hostname, as the peers do)")
     p.add_argument("--listen", type=int, required=True, help="Envoy's listener port (127.0.0.1)")
     p.add_argument("--admin", type=int, required=True, help="Envoy's admin port (127.0.0.1)")
     p.add_argument("--local", required=True, help="host:port of the local apiserver")
@@ -539,7 +543,8 @@ def _main_kubeadm(argv):
                     "(--lease-local-hostname: peers from the apiservers' identity leases; every node needs a "
                     "distinct hostname); a single control-plane node gives neither (no peers).")
     p.add_argument("--kubeadm", required=True, metavar="PKI_DIR", help="kubeadm PKI directory (/etc/kubernetes/pki)")
-    p.add_argument("--node", required=True, help="this node's name (metrics, logs, merged discovery order)")
+    p.add_argument("--node", required=True, help="this node's name (metrics, logs, merged discovery order; in lease "
+                                                 "mode the filter uses --lease-local-hostname, as the other nodes do)")
     p.add_argument("--node-ip", required=True, help="the node's address: Envoy takes :6443 and the peer port there")
     p.add_argument("--apiserver", default="127.0.0.1:6443", help="where the local kube-apiserver now binds")
     p.add_argument("--peer", action="append", default=[],
