@@ -57,8 +57,10 @@ run: build
 # bootstraps, the static pod manifests (hostPath, and image volume derived from deploy/static-pod.yaml),
 # and the OCI image (Wasm image "compat" variant, built with buildah) as an OCI layout in dist/oci.
 # Then the sizes and digests docs/install.md quotes are rewritten from it (scripts/install_doc.py).
+# Run it after any change to the build's inputs (src/, Cargo.*, ...) and commit docs/install.md with the
+# change: tests/e2e/test_install_doc.py builds the current tree and fails while the page quotes another build.
 dist: build
-	bash scripts/dist.sh
+	KPP_WASM=$(WASM) bash scripts/dist.sh
 	$(PY) scripts/install_doc.py write $(or $(DIST_DIR),dist) docs/install.md
 
 # Committed demo bootstraps; tests check they match the renderer and pass `envoy --mode validate`.

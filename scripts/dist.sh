@@ -17,7 +17,8 @@
 #   dist/SHA256SUMS                             of every file above except the OCI layout's own blobs
 #
 # The version is Cargo.toml's. Environment: DIST_DIR (default dist), KPP_IMAGE_REPO (the repository
-# written into the image-volume manifest, default registry.example.com/kube-peer-proxy).
+# written into the image-volume manifest, default registry.example.com/kube-peer-proxy), KPP_WASM (the
+# .wasm to package, default make build's).
 # Tools: buildah (the image), the .venv python (PyYAML; kpp from python/ on its path); scripts/setup.sh
 # installs them.
 set -euo pipefail
@@ -25,7 +26,9 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT="$PWD"
 OUT="$(realpath -m "${DIST_DIR:-$ROOT/dist}")"
-WASM="$ROOT/target/kube_peer_proxy.wasm"
+# The .wasm `make build` wrote (it honours CARGO_TARGET_DIR); KPP_WASM names another, e.g. the build of the
+# current tree that tests/e2e/test_install_doc.py makes without touching target/kube_peer_proxy.wasm.
+WASM="$(realpath -m "${KPP_WASM:-${CARGO_TARGET_DIR:-$ROOT/target}/kube_peer_proxy.wasm}")"
 IMAGE_REPO="${KPP_IMAGE_REPO:-registry.example.com/kube-peer-proxy}"
 PY="$ROOT/.venv/bin/python"
 log() { echo "dist: $*"; }

@@ -3,15 +3,18 @@
 
 docs/install.md carries one record line, an HTML comment:
 
-    <!-- make dist values: commit=<git commit> wasm_sha256=<hex> wasm_size=<bytes> index=<hex> amd64=<hex> arm64=<hex> -->
+    <!-- make dist values: inputs=<sha256> wasm_sha256=<hex> wasm_size=<bytes> index=<hex> amd64=<hex> arm64=<hex> -->
 
 `make dist` runs `install_doc.py write dist docs/install.md`: every occurrence of the recorded values in the
-page is replaced by the new build's, and the record names the commit they were built from (`-dirty` when the
-build inputs had uncommitted changes). `install_doc.py check DIST DOC` (tests/e2e/test_install_doc.py) fails
-when the page quotes a sha256 or size that is not in the record, or, when the build inputs (INPUTS) are the
-same as at the recorded commit, when the record is not what DIST holds.
+page is replaced by the new build's, and the record names the build inputs they were built from (`inputs`, the
+sha256 of the files under INPUTS as they were in the working tree: `install_doc.py inputs` prints the current
+tree's; a commit could not name itself). `install_doc.py check DIST DOC` (tests/e2e/test_install_doc.py, which
+builds the current tree into DIST) fails when the page quotes a sha256 or size that is not in the record, and
+always when the record is not what DIST holds: after any change that changes the build, `make dist` must
+rewrite the page.
 
     install_doc.py write|check DIST_DIR DOC
+    install_doc.py inputs
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 INPUTS = ["src", "Cargo.toml", "Cargo.lock", "rust-toolchain.toml", "scripts/wasm-opt.sh", "scripts/dist.sh",
           "Makefile"]
 RECORD = re.compile(r"<!-- make dist values: (.*?) -->")
-KEYS = ("commit", "wasm_sha256", "wasm_size", "index", "amd64", "arm64")
+KEYS = ("inputs", "wasm_sha256", "wasm_size", "index", "amd64", "arm64")
+# How the page states the .wasm's size (docs/install.md's file table).
+SIZE = re.compile(r"\(([0-9][0-9 ]*) bytes in the recorded build\)")
 
 
 def grouped(n: int) -> str:
@@ -56,24 +61,30 @@ def record(doc: str) -> dict[str, str]:
     return values
 
 
-def inputs_changed_since(commit: str) -> bool:
-    """Whether the build inputs in the working tree differ from `commit`'s."""
-    if commit.endswith("-dirty"):
-        return True
-    r = subprocess.run(["git", "diff", "--quiet", commit, "--", *INPUTS], cwd=ROOT, stderr=subprocess.DEVNULL)
-    return r.returncode != 0
+def inputs_hash() -> str:
+    """sha256 of the build inputs in the working tree: every file under INPUTS that git tracks or would
+    track (untracked files that are not ignored count: a new module in src/ is built), by path and content."""
+    paths = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *INPUTS],
+                           cwd=ROOT, capture_output=True, check=True).stdout.split(b"\0")
+    h = hashlib.sha256()
+    for rel in sorted({p for p in paths if p}):
+        f = ROOT / rel.decode()
+        if f.is_file():  # a tracked file deleted in the working tree is not an input any more
+            h.update(rel + b"\0" + hashlib.sha256(f.read_bytes()).hexdigest().encode() + b"\n")
+    return h.hexdigest()
 
 
 def problems(doc: str) -> list[str]:
     """What the page quotes that its record does not hold."""
     rec = record(doc)
+    body = doc.replace(RECORD.search(doc).group(0), "")  # what a reader sees (the inputs hash is no value)
     known = {rec[k] for k in KEYS[1:] if k != "wasm_size"}
-    out = [f"{h} is quoted but is not a recorded value" for h in sorted(set(re.findall(r"\b[0-9a-f]{64}\b", doc)))
+    out = [f"{h} is quoted but is not a recorded value" for h in sorted(set(re.findall(r"\b[0-9a-f]{64}\b", body)))
            if h not in known]
-    for size in re.findall(r"\(([0-9][0-9 ]*) bytes at this commit\)", doc):
+    for size in SIZE.findall(body):
         if size.replace(" ", "") != rec["wasm_size"]:
             out.append(f"size {size} is quoted, the record says {rec['wasm_size']}")
-    if rec["wasm_sha256"] not in doc.replace(RECORD.search(doc).group(0), ""):
+    if rec["wasm_sha256"] not in body:
         out.append("the recorded .wasm sha256 is not quoted anywhere")
     return out
 
@@ -82,38 +93,39 @@ def mismatches(rec: dict[str, str], built: dict[str, str]) -> list[str]:
     return [f"{k}: the page says {rec[k]}, make dist built {built[k]}" for k in KEYS[1:] if rec[k] != built[k]]
 
 
-def write(dist: Path, path: Path) -> None:
-    doc = path.read_text()
-    old, new = record(doc), dist_values(dist)
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                          check=True).stdout.strip()
-    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", *INPUTS], cwd=ROOT).returncode != 0
-    new["commit"] = head + ("-dirty" if dirty else "")
+def rewritten(doc: str, new: dict[str, str]) -> str:
+    """The page with its recorded values replaced by `new` (every key of KEYS) wherever it quotes them."""
+    old = record(doc)
     for k in ("wasm_sha256", "index", "amd64", "arm64"):
         doc = doc.replace(old[k], new[k])
-    doc = re.sub(r"\([0-9][0-9 ]* bytes at this commit\)", f"({grouped(int(new['wasm_size']))} bytes at this commit)",
-                 doc)
+    doc = SIZE.sub(f"({grouped(int(new['wasm_size']))} bytes in the recorded build)", doc)
     line = "<!-- make dist values: " + " ".join(f"{k}={new[k]}" for k in KEYS) + " -->"
-    doc = RECORD.sub(line, doc)
-    path.write_text(doc)
-    print(f"install_doc: {path} now quotes the dist of {new['commit']}")
+    return RECORD.sub(line, doc)
+
+
+def write(dist: Path, path: Path) -> None:
+    new = {**dist_values(dist), "inputs": inputs_hash()}
+    path.write_text(rewritten(path.read_text(), new))
+    print(f"install_doc: {path} now quotes the dist built from inputs {new['inputs']}")
 
 
 def check(dist: Path, path: Path) -> int:
+    """Always compares the page with DIST (no condition on commits or inputs): 1 on any difference."""
     doc = path.read_text()
-    errors = problems(doc)
-    rec = record(doc)
-    if inputs_changed_since(rec["commit"]):
-        print(f"install_doc: the build inputs changed since {rec['commit']}: the page's values are that commit's "
-              "(make dist rewrites them); checked for consistency only")
-    else:
-        errors += mismatches(rec, dist_values(dist))
+    errors = problems(doc) + mismatches(record(doc), dist_values(dist))
+    if errors:
+        rec, now = record(doc)["inputs"], inputs_hash()
+        errors.append(f"the page was written from build inputs {rec}; this tree's are {now}"
+                      + ("" if rec == now else " (they changed since)") + ": run make dist to rewrite it")
     for e in errors:
         print(f"install_doc: {e}", file=sys.stderr)
     return 1 if errors else 0
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["inputs"]:
+        print(inputs_hash())
+        sys.exit(0)
     if len(sys.argv) != 4 or sys.argv[1] not in ("write", "check"):
         raise SystemExit(__doc__)
     mode, dist_dir, doc_path = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
