@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from kpp.testing.fake_apiserver import FAULT_MODES, Cluster
 from kpp.testing.fake_apiserver.discovery import AGGREGATED_V2, AGGREGATED_V2BETA1, FIXTURES
 from kpp.testing.fake_apiserver.store import Expired, Store
+from kpp.testing.proc import wait_until
 
 V2 = AGGREGATED_V2
 V2BETA1 = AGGREGATED_V2BETA1
@@ -626,6 +628,43 @@ def test_stop_and_restart_on_same_port(cluster):
     cluster.start("dup")
     with pytest.raises(ValueError):
         cluster.start("dup")
+
+
+@pytest.mark.parametrize("grace", [2.0, 0.0], ids=["graceful", "crash"])
+def test_a_graceful_stop_finishes_the_answer_in_progress_and_a_crash_cuts_it(cluster, grace):
+    """stop(grace=...) stops as kube-apiserver does on SIGTERM (Go's http.Server.Shutdown): the answer being
+    written is finished, with `Connection: close`. The control, stop() (a crash), cuts the same answer. Idle
+    keep-alive connections are closed either way."""
+    a = cluster.start("a", apiset="old")
+    a.discovery_delay_ms = 500  # a discovery answer held back: still in progress when the stop begins
+    idle = http.client.HTTPConnection("127.0.0.1", a.port, timeout=5)
+    idle.request("GET", "/version")
+    idle.getresponse().read()
+    busy = http.client.HTTPConnection("127.0.0.1", a.port, timeout=5)
+    stopper = threading.Thread(target=a.stop, kwargs={"grace": grace}, daemon=True)
+    try:
+        busy.request("GET", "/apis", headers={"Accept": V2})
+        wait_until(lambda: any(q["path"] == "/apis" for q in a.requests()), 5, 0.01, "the request never arrived")
+        stopper.start()
+        if grace:
+            resp = busy.getresponse()
+            body = resp.read()
+            assert resp.status == 200 and int(resp.headers["Content-Length"]) == len(body) > 0
+            assert resp.headers["Connection"] == "close"
+        else:
+            with pytest.raises((ConnectionError, http.client.HTTPException)):
+                busy.getresponse().read()
+        stopper.join(10)
+        assert not stopper.is_alive(), "stop() did not return"
+        with pytest.raises((ConnectionError, http.client.HTTPException)):
+            idle.request("GET", "/version")
+            idle.getresponse().read()
+    finally:
+        stopper.join(10)
+        busy.close()
+        idle.close()
+    with pytest.raises(ConnectionRefusedError):
+        call(a, "GET", "/version")
 
 
 def test_cli_runs_until_sigterm(tmp_path):

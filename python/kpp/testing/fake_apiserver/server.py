@@ -176,6 +176,27 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         finally:
             self.instance._untrack(self.connection)
 
+    def parse_request(self):
+        # A request line arrived: from here until its answer is written the connection is busy, and a
+        # graceful stop (Instance.stop(grace=...)) waits for it instead of cutting the answer.
+        self.instance._busy(self.connection, True)
+        return super().parse_request()
+
+    def handle_one_request(self):
+        try:
+            super().handle_one_request()
+        finally:
+            self.instance._busy(self.connection, False)
+            if self.instance.draining:
+                self.close_connection = True
+
+    def send_response(self, code, message=None):
+        super().send_response(code, message)
+        if self.instance.draining and code != 101:
+            # Like Go's net/http in Shutdown: the last answer on a connection says so, so the client does
+            # not send another request on it while it closes.
+            self.send_header("Connection", "close")
+
     def end_headers(self):
         """Every response, whichever path produced it, names the instance and echoes loop-prevention."""
         self.send_header("x-fake-apiserver", self.instance.name)
@@ -693,9 +714,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     break
                 with store.cond:
                     while (store.resource_version == cursor and not self.instance.stopped
-                           and time.monotonic() < deadline):
+                           and not self.instance.draining and time.monotonic() < deadline):
                         store.cond.wait(deadline - time.monotonic())
-                    if self.instance.stopped or time.monotonic() >= deadline:
+                    if self.instance.stopped or self.instance.draining or time.monotonic() >= deadline:
                         break
                     try:
                         seen = (_seen_by(event, target, selector) for event in store.events_after(cursor))
@@ -707,7 +728,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except OSError:  # client went away, or stop() shut the socket
             self.close_connection = True
             return
-        self.close_connection = self.instance.stopped
+        self.close_connection = self.instance.stopped or self.instance.draining
 
     def _write_chunk(self, data: bytes):
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
@@ -754,6 +775,9 @@ class Instance:
         self._log = deque(maxlen=REQUEST_LOG_SIZE)
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
+        self._busy_connections: set[socket.socket] = set()
+        self._idle = threading.Condition(self._lock)  # notified when a connection's answer is written
+        self._draining = threading.Event()
         self._stopping = threading.Event()
         self._server = _Server(("127.0.0.1", port), _Handler)
         self._server.instance = self
@@ -777,6 +801,11 @@ class Instance:
     @property
     def stopped(self) -> bool:
         return self._stopping.is_set()
+
+    @property
+    def draining(self) -> bool:
+        """In a graceful stop: answers being written finish, and their connections close after them."""
+        return self._draining.is_set()
 
     def serve(self, group: str, version: str, resource: str, kind: str, namespaced: bool):
         """Serve one more resource type, every verb, without listing it in discovery (see /__fake/serve)."""
@@ -813,8 +842,15 @@ class Instance:
         with self._lock:
             self._log.clear()
 
-    def stop(self):
-        """Close the listener and every open connection, ending watches and hung requests, so the port is free."""
+    def stop(self, grace: float = 0.0):
+        """Close the listener and every open connection, ending watches and hung requests, so the port is free.
+
+        With `grace` (seconds), first drain as kube-apiserver does on SIGTERM (Go's http.Server.Shutdown): the
+        listener closes, idle keep-alive connections close, and a request being answered gets its whole answer
+        (its connection closes after it) until `grace` runs out; watches end at once. Without it, an answer
+        being written is cut wherever it is (a crash), e.g. between its header and its body."""
+        if grace > 0:
+            self._drain(grace)
         with self._lock:
             self._stopping.set()
             connections = list(self._connections)
@@ -824,6 +860,31 @@ class Instance:
         self._server.server_close()
         for connection in connections:
             _hang_up(connection)
+
+    def _drain(self, grace: float):
+        deadline = time.monotonic() + grace
+        self._draining.set()
+        with self.store.cond:
+            self.store.cond.notify_all()  # watches re-check draining and end
+        self._server.shutdown()
+        self._server.server_close()
+        with self._lock:
+            while True:
+                # Idle connections wait for their next request line: nothing of an answer is lost by closing them.
+                for connection in self._connections - self._busy_connections:
+                    _hang_up(connection)
+                left = deadline - time.monotonic()
+                if not self._busy_connections or left <= 0:
+                    return
+                self._idle.wait(left)
+
+    def _busy(self, connection: socket.socket, busy: bool):
+        with self._lock:
+            if busy:
+                self._busy_connections.add(connection)
+            else:
+                self._busy_connections.discard(connection)
+                self._idle.notify_all()
 
     def _log_request(self, method: str, path: str, headers):
         entry = {"method": method, "path": path, "headers": {}}
@@ -843,6 +904,8 @@ class Instance:
     def _untrack(self, connection: socket.socket):
         with self._lock:
             self._connections.discard(connection)
+            self._busy_connections.discard(connection)
+            self._idle.notify_all()
 
 
 def _hang_up(connection: socket.socket):
