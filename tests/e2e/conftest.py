@@ -66,12 +66,15 @@ def tmp_workdir(tmp_path: Path) -> Path:
 def envoys(request, tmp_path: Path):
     registry = EnvoyRegistry(tmp_path)
     yield registry
-    registry.stop_all()
-    reports = (getattr(request.node, "rep_setup", None), getattr(request.node, "rep_call", None))
-    if any(r is not None and r.failed for r in reports):
-        # Printed in teardown, pytest shows it as "Captured stdout teardown"
-        # under the failure.
-        registry.dump_logs()
+    try:
+        registry.stop_all()
+    finally:
+        # Also when stopping fails or the test's timeout (pytest.ini) interrupts it.
+        reports = (getattr(request.node, "rep_setup", None), getattr(request.node, "rep_call", None))
+        if any(r is not None and r.failed for r in reports):
+            # Printed in teardown, pytest shows it as "Captured stdout teardown"
+            # under the failure.
+            registry.dump_logs()
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ retrying like client-go (kpp.testing.lbclient).
 * With the drain (SIGTERM to the manifest's script): no node is ever DOWN while healthy, the restarting
   node is out of rotation in both load balancers before it stops accepting, and is back only after its
   new Envoy can route; 0 failed requests, no call retried by client-go, 0 watch events lost, no client
-  waits longer than rollout.MAX_GAP (500 ms, re-watches included).
+  waits longer than rollout.MAX_GAP (750 ms, re-watches included: below any retry's or back-off's wait).
 * The control (SIGTERM straight to Envoy, as before): no load balancer has the node out before it stops
   accepting, and clients wait a client-go retry (1 s) or fail.
 """
@@ -45,7 +45,8 @@ def test_haproxy_runs_the_kubeadm_guides_configuration_with_only_placeholders_fi
         assert f"    {line}" in ours
     assert "inter" not in cfg and "fall" not in cfg and "rise" not in cfg, "HAProxy's defaults: 2 s, 3, 2"
     (tmp_path / "haproxy.cfg").write_text(cfg)
-    check = subprocess.run([lb.haproxy_binary(), "-c", "-f", str(tmp_path / "haproxy.cfg")], capture_output=True, text=True)
+    check = subprocess.run([lb.haproxy_binary(), "-c", "-f", str(tmp_path / "haproxy.cfg")], capture_output=True, text=True,
+                           timeout=30)
     assert check.returncode == 0, check.stdout + check.stderr
 
 

@@ -305,7 +305,9 @@ def test_resource_nobody_serves(topo, membership):
     topo.start(plugin={"staleness_limit": "2s"})
     if membership == "member_down_now":
         stop_and_wait_unreachable(topo, "c")
-        time.sleep(2.5)  # and past the staleness limit: c is down and stale, but its API set is known
+        # And past the staleness limit: c is down and stale, but its API set is known.
+        harness.wait_until(lambda: topo.counter("kube_peer_proxy_server_fresh;server=c") == 0, 10,
+                           message="c not stale within 10 s of its stop (staleness limit 2 s)")
     before = topo.counter(GUARDED)
     paths = (NOWHERE, NOWHERE_CORE, NOWHERE_IN_SERVED_GV, "/apis/nothing.example.com/v1")
     for path in paths:

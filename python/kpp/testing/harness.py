@@ -205,7 +205,10 @@ class Envoy:
             time.sleep(0.05)
         if _group_alive(pgid, proc):
             _signal_group(pgid, signal.SIGKILL)
-            proc.wait()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:  # stuck in the kernel: not waited for forever
+                pass
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None

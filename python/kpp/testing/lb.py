@@ -24,6 +24,7 @@ import threading
 import time
 from pathlib import Path
 
+from kpp.testing import proc
 from kpp.testing.proc import get_json
 
 
@@ -168,7 +169,8 @@ class HAProxy:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._sock.bind(str(self.log_socket))
         self._sock.settimeout(0.2)
-        check = subprocess.run([haproxy_binary(), "-c", "-f", str(self.config_path)], capture_output=True, text=True)
+        check = subprocess.run([haproxy_binary(), "-c", "-f", str(self.config_path)], capture_output=True, text=True,
+                               timeout=30)
         if check.returncode != 0:
             raise RuntimeError(f"haproxy -c refused the guide's configuration:\n{check.stdout}{check.stderr}")
         self.stderr_path = self.workdir / "haproxy.stderr"
@@ -225,8 +227,7 @@ class HAProxy:
             try:
                 self.process.wait(5)
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+                proc.kill_and_reap(self.process)
         if self._sock is not None:
             self._sock.close()
 

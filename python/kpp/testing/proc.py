@@ -9,8 +9,11 @@ from __future__ import annotations
 import ctypes
 import functools
 import json
+import queue
 import socket
 import ssl
+import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -28,6 +31,30 @@ def die_with_parent(sig: int):
     (SIGKILL, a CI timeout), instead of an orphan keeping the ports. The signal fires when the
     *thread* that started the child exits, so start children from a long-lived thread."""
     return functools.partial(_prctl, _PR_SET_PDEATHSIG, sig)
+
+
+def read_line(stream, timeout: float, what: str) -> str:
+    """One line from a child's pipe, bounded: a child that hangs before writing it raises TimeoutError
+    instead of blocking the caller. The reader is a daemon thread, so it may outlive a timeout until
+    the caller kills the child (which closes the pipe)."""
+    lines: queue.Queue = queue.Queue(maxsize=1)
+    threading.Thread(target=lambda: lines.put(stream.readline()), daemon=True).start()
+    try:
+        return lines.get(timeout=timeout)
+    except queue.Empty:
+        raise TimeoutError(f"{what}: no line within {timeout} s") from None
+
+
+def kill_and_reap(p: subprocess.Popen, timeout: float = 10.0) -> bool:
+    """SIGKILL a child that may still run and reap it, bounded: False when it is still there after
+    `timeout` s (stuck in the kernel), so cleanup that calls this in a `finally` goes on."""
+    if p.poll() is None:
+        p.kill()
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return False
+    return True
 
 
 # ---- ports and waiting ----------------------------------------------------------------------------

@@ -204,7 +204,8 @@ def run_mode(mode: str, duration: float, seed: int, workdir: Path, *, registry=N
         loadgen = subprocess.Popen([sys.executable, "-m", "kpp.testing.sim.loadgen",
                                     "--config", json.dumps(cfg), "--out", str(out)],
                                    stdout=subprocess.PIPE, text=True)
-        line = loadgen.stdout.readline()
+        # loadgen.py prints START before its threads start; one that hangs before it fails here, bounded.
+        line = proc.read_line(loadgen.stdout, 60, "kpp.testing.sim.loadgen")
         if not line.startswith("START "):
             raise RuntimeError(f"load generator did not start: {line!r}")
         t0 = float(line.split()[1])
@@ -285,9 +286,8 @@ def run_mode(mode: str, duration: float, seed: int, workdir: Path, *, registry=N
         summary["workdir"] = str(workdir)
         return summary
     finally:
-        if loadgen is not None and loadgen.poll() is None:
-            loadgen.kill()
-            loadgen.wait()
+        if loadgen is not None:
+            proc.kill_and_reap(loadgen)
         launcher.stop_all()
         cluster.stop_all()
 
