@@ -286,7 +286,9 @@ impl PeerProxy {
     }
 
     /// A rerouted request's answer: counted, and Envoy's own reply for a connect failure marks the
-    /// peer down (see [`passive_health`]).
+    /// peer down (see [`passive_health`]). Counted at the answer's headers, not at the stream's end:
+    /// a watch counts when it starts, while Envoy writes its access-log line when it ends, so the two
+    /// agree only at a cut with no stream open (`tests/e2e/test_metric_crosscheck.py`).
     fn rerouted_response_headers(&mut self, code: &str) {
         let Some((gvr, target)) = self.rerouted.take().map(|r| *r) else {
             return;
