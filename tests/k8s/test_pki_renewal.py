@@ -7,7 +7,8 @@ peer listener. Each Envoy runs with the static pod's pki-reload loop beside it (
 1. `kubeadm certs renew all` (the real binary; it rewrites every file in place) on both nodes while
    certificate, token and new-connection clients and watches run through cp-1's Envoy: new
    handshakes on cp-1's client and peer listeners present the renewed serving certificate within
-   the bound, no request fails, the watches keep streaming.
+   the bound, no request fails, the watches keep streaming, and no SDS secret of either Envoy counts
+   a `key_rotation_failed` (cp-1's Envoy is checked again at the end).
 2. Both kube-apiservers restart on their renewed certificates (as kubeadm tells the operator to),
    and cp-2's Envoy restarts so cp-1 opens new connections to its peer listener: those present
    cp-1's renewed front-proxy client certificate (cp-2's access log records the serial).
@@ -26,6 +27,7 @@ from kpp.testing.kubeadm_node import APISERVER_PORT, PEER_PORT, TOKEN_GROUP, TOK
     kubeconfig_credentials, openssl
 from kpp.render import DISCOVERY_USER
 from kpp.testing.proc import client_tls
+from kpp.testing.sds import NoKeyRotationFailures
 from kpp.testing.tlsload import TlsLoad
 from k8senv import serving
 
@@ -73,6 +75,8 @@ def test_kubeadm_certs_renew_reaches_envoy_and_every_identity_survives(kc, tmp_p
     old = {n.name: (file_serial(n.pki / "apiserver.crt"), file_serial(n.pki / "front-proxy-client.crt"))
            for n in (cp1, cp2)}
     assert presented_serial(cp1.node_ip, APISERVER_PORT, ca) == old["cp-1"][0]
+    # docs/deploy.md: a normal renewal leaves sds.<secret>.key_rotation_failed at 0 (KubePeerProxyKeyRotationFailed)
+    rotations = NoKeyRotationFailures([cp1.envoy, cp2.envoy])
 
     cert_load = TlsLoad(cp1.node_ip, APISERVER_PORT, cert_ctx, [LOCAL, REROUTED], [LOCAL, REROUTED],
                         [(f"{LOCAL}", configmap), (REROUTED, job)], create_every=0.5)
@@ -107,6 +111,7 @@ def test_kubeadm_certs_renew_reaches_envoy_and_every_identity_survives(kc, tmp_p
     assert cert_load.watch_broken == {}
     assert all(n > 0 for n in cert_load.events_after(t_last).values()), cert_load.events_after(t_last)
     assert cert_load.ok > 50 and token_load.ok > 20
+    print("key_rotation_failed after kubeadm certs renew all:", rotations.check("kubeadm certs renew all"))
 
     # 2. the apiservers restart on their renewed certificates; cp-2's Envoy restarts (new peer connections)
     for n in (cp1, cp2):
@@ -150,6 +155,8 @@ def test_kubeadm_certs_renew_reaches_envoy_and_every_identity_survives(kc, tmp_p
                        message="cp-2's peer listener never saw cp-1's renewed front-proxy certificate")
     print(f"cp-2's peer listener saw cp-1's front-proxy client certificate serials: "
           f"{sorted(hex(s) for s in peer_serials())} (renewed: {new['cp-1'][1]})")
+    # cp-1's Envoy ran through all of it (cp-2's was restarted)
+    rotations.check("the renewal and the restarts", envoys=[cp1.envoy])
 
 
 def _ts(ev) -> float:
