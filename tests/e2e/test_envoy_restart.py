@@ -129,8 +129,6 @@ def crash_wasm():
     return CRASH_TARGET / "wasm32-wasip1" / "release" / "crash_filter.wasm"
 
 
-# The first of them builds the crash filter (crash_wasm: cargo's own bound is 600 s, for a cold build).
-@pytest.mark.timeout(900)
 @pytest.mark.parametrize("policy", ["FAIL_RELOAD", "FAIL_CLOSED", "FAIL_OPEN"])
 def test_what_a_vm_failure_does_under_each_failure_policy(envoys, crash_wasm, policy):
     from kpp.testing.fake_apiserver import Cluster

@@ -16,7 +16,7 @@ import pytest
 from kpp.testing.fake_apiserver import FAULT_MODES, Cluster
 from kpp.testing.fake_apiserver.discovery import AGGREGATED_V2, AGGREGATED_V2BETA1, FIXTURES
 from kpp.testing.fake_apiserver.store import Expired, Store
-from kpp.testing.proc import wait_until
+from kpp.testing.proc import read_line, wait_until
 
 V2 = AGGREGATED_V2
 V2BETA1 = AGGREGATED_V2BETA1
@@ -672,7 +672,7 @@ def test_cli_runs_until_sigterm(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "kpp.testing.fake_apiserver", "--instance", "a:0:old",
                              "--instance", "b:0:new:legacy-only"], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
     try:
-        lines = [proc.stdout.readline().strip() for _ in range(2)]
+        lines = [read_line(proc.stdout, 30, "the fake apiserver's CLI").strip() for _ in range(2)]
         assert lines[0].startswith("fake-apiserver a (old) listening on http://127.0.0.1:")
         assert lines[1].startswith("fake-apiserver b (new) listening on http://127.0.0.1:")
         port = int(lines[1].rsplit(":", 1)[1])

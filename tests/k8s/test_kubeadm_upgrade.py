@@ -121,6 +121,12 @@ class Env:
         return yaml.safe_load(self.cm()["data"]["ClusterConfiguration"])
 
 
+# The module fixture (kubeadm v1.35.4 on two nodes, real apiservers) is paid by the first test, and kubeadm's
+# upgrade apply and upgrade node each get up to 400 s (their own bound): the module takes ~3 min (Makefile),
+# past pytest.ini's 300 s default for one test under load.
+pytestmark = pytest.mark.timeout(900)
+
+
 @pytest.fixture(scope="module")
 def env(request, tmp_path_factory):
     t0 = time.monotonic()
