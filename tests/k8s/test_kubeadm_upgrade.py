@@ -69,6 +69,7 @@ from kpp.testing import kubeadm_upgrade as ku
 from kpp.testing.cluster import DEFAULT_VERSION, SKEW_OLD_VERSION
 from kpp.testing.kubeadm_node import APISERVER_PORT, SNI, KubeadmCluster, kubeconfig_credentials, openssl
 from kpp.testing.proc import client_tls, get_json
+from kpp.testing.sds import NoKeyRotationFailures
 
 OLD, NEW = SKEW_OLD_VERSION, DEFAULT_VERSION
 CONFIG = f"--config={ku.KPP_DIR}/upgrade-config.yaml"
@@ -440,6 +441,8 @@ def test_real_upgrade(env, node):
     kubeconfig_certs = ("admin", "super-admin", "controller-manager", "scheduler")
     kc_before = {w: embedded_serial(root.etc / f"{w}.conf") for w in kubeconfig_certs}
     pods = ku.StaticPods(env.kc, root)
+    # docs/deploy.md: kubeadm's renewals are normal ones; sds.<secret>.key_rotation_failed stays 0 (H-pki)
+    rotations = NoKeyRotationFailures([env.cp1.envoy, env.cp2.envoy])
     watch = EnvoyWatch(n, before).start()
     if node == "cp-1":
         r = pods.serve_while(lambda: env.kubeadm(node, "upgrade", "apply", NEW, CONFIG, NO_KUBELET_REAL, "--yes",
@@ -479,6 +482,7 @@ def test_real_upgrade(env, node):
           f"{n.node_ip}:6443 and renewed front-proxy client certificate in /certs, seconds after kubeadm wrote "
           f"them: {lag} (polled every {EnvoyWatch.INTERVAL}s while kubeadm ran)")
     assert all(v is not None and v <= 10 for v in lag.values()), (lag, watch.errors[-3:])
+    print(f"  key_rotation_failed after kubeadm's renewals: {rotations.check(f'kubeadm upgrade on {node}')}")
     assert n.envoy.process.pid == envoy_pid[node] and n.envoy.process.poll() is None
     # kubeadm's rewrites of kubeconfigs: only kubelet.conf's server may change (to the advertise address,
     # on a real node <node-ip>:6443, Envoy's)
