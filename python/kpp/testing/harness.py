@@ -21,7 +21,7 @@ import urllib.parse
 from collections import deque
 from pathlib import Path
 
-from kpp.testing.proc import die_with_parent, free_port, http_get, wait_until  # noqa: F401 - re-exported
+from kpp.testing.proc import die_with_parent, free_port, http_get, request, wait_until  # noqa: F401 - re-exported
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -191,11 +191,28 @@ class Envoy:
                 )
             time.sleep(0.1)
 
+    def flush_logs(self, timeout: float = 5.0) -> bool:
+        """Makes Envoy write its buffered access-log lines now (admin /reopen_logs), waiting (bounded)
+        until nothing is left buffered. Envoy writes access logs in batches, and a stop through func-e
+        kills it before it writes the last one (up to 10 s of lines lost). False if Envoy did not
+        answer or the buffer did not empty in time."""
+        try:
+            if request(self.admin_url + "/reopen_logs", method="POST", timeout=2.0).status != 200:
+                return False
+            wait_until(lambda: self.stats("^filesystem\\.write_total_buffered$")
+                       .get("filesystem.write_total_buffered", 0) == 0, timeout, interval=0.05)
+            return True
+        except (OSError, AssertionError, RuntimeError):
+            return False
+
     def stop(self) -> None:
-        """SIGTERM the process group, SIGKILL it after 5 s. Idempotent."""
+        """Flushes the access logs (see flush_logs), then SIGTERMs the process group and SIGKILLs it
+        after 5 s. Idempotent."""
         proc = self.process
         if proc is None:
             return
+        if proc.poll() is None:
+            self.flush_logs()
         pgid = proc.pid  # start_new_session made the child its group leader
         _signal_group(pgid, signal.SIGTERM)
         deadline = time.monotonic() + 5.0
