@@ -16,6 +16,18 @@ from kpp.testing.proc import Response, client_tls, request
 
 V2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 NOPEER = V2 + ";profile=nopeer"
+# How long a test waits for its request's line in an Envoy access log. Envoy writes those files every
+# 10 s (--file-flush-interval-msec's default), so a 10 s wait could miss by a hair on a loaded machine;
+# this bounds the evidence's arrival, not any claim.
+ACCESS_LOG_WAIT = 30.0
+
+
+def from_access_log(envoy, find, message: str = "", interval: float = 0.2):
+    """find()'s first truthy answer, where find reads an Envoy's access log: Envoy is asked to write its
+    buffered lines now (harness.Envoy.flush_logs, admin /reopen_logs) instead of at its next 10 s
+    flush; a line not yet buffered then comes with a later flush, within ACCESS_LOG_WAIT."""
+    envoy.flush_logs()
+    return harness.wait_until(find, ACCESS_LOG_WAIT, interval, message=message)
 
 Resp = Response
 
@@ -113,6 +125,17 @@ def stop_env(env: Env):
     env.cp.stop()
 
 
+@contextlib.contextmanager
+def dumped(request, cluster):
+    """While the block runs, `request.session.kpp_env` is `cluster` (tests/k8s/conftest.py appends its
+    dump() to a failing test's report); then it points at whatever it did before (the session's
+    control plane, which later modules still use)."""
+    previous = getattr(request.session, "kpp_env", None)
+    request.session.kpp_env = cluster
+    try:
+        yield cluster
+    finally:
+        request.session.kpp_env = previous
 
 
 @contextlib.contextmanager
@@ -126,10 +149,8 @@ def serving(request, cluster, start):
         print(cluster.dump())
         cluster.stop()
         raise
-    previous = getattr(request.session, "kpp_env", None)
-    request.session.kpp_env = cluster
     try:
-        yield cluster
+        with dumped(request, cluster):
+            yield cluster
     finally:
-        request.session.kpp_env = previous
         cluster.stop()

@@ -22,6 +22,7 @@ not record request headers, so the evidence comes from three places that togethe
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 import uuid
@@ -31,7 +32,7 @@ import pytest
 from kpp.testing import harness
 from kpp.testing.cluster import CRD_GROUP, WARDLE_GROUP, WARDLE_VERSION, crd_manifest
 from kpp.testing.envoyfront import K8S_PLUGIN
-from k8senv import NOPEER, V2, discovery, gvrs, http
+from k8senv import NOPEER, V2, discovery, from_access_log, gvrs, http
 
 JOBS = "/apis/batch/v1/namespaces/default/jobs"
 HPAS = "/apis/autoscaling/v2/namespaces/default/horizontalpodautoscalers"
@@ -65,8 +66,9 @@ def wait_audit(server, audit_id: str, timeout: float = 10.0) -> dict:
 
 
 def access_entry(front, audit_id: str) -> dict:
-    return harness.wait_until(lambda: next((e for e in front.access_entries() if e["audit_id"] == audit_id), None),
-                              10, message=f"audit id {audit_id} not in Envoy {front.local.name}'s access log")
+    return from_access_log(front.envoy, lambda: next((e for e in front.access_entries() if e["audit_id"] == audit_id),
+                                                     None),
+                           message=f"audit id {audit_id} not in Envoy {front.local.name}'s access log")
 
 
 def test_servers_really_differ(env):
@@ -189,9 +191,13 @@ def test_kubectl_through_a_envoy(env, tmp_path):
 
 def test_watch_through_the_reroute_delivers_events(env):
     import http.client
+    import subprocess
     front = env.fronts["a"]
+    # The watch starts at the list's resourceVersion: every change after it is delivered however late
+    # the watch is registered, so no wait is needed before the writes below.
+    rv = env.direct("b", JOBS).json()["metadata"]["resourceVersion"]
     conn = http.client.HTTPSConnection("127.0.0.1", front.port, timeout=30, context=env.cp.ssl_context())
-    conn.request("GET", JOBS + "?watch=1&allowWatchBookmarks=false&timeoutSeconds=30",
+    conn.request("GET", JOBS + f"?watch=1&resourceVersion={rv}&allowWatchBookmarks=false&timeoutSeconds=30",
                  headers={"Authorization": f"Bearer {env.tokens['alice']}"})
     resp = conn.getresponse()
     assert resp.status == 200
@@ -206,7 +212,6 @@ def test_watch_through_the_reroute_delivers_events(env):
             pass
     t = threading.Thread(target=reader, daemon=True)
     t.start()
-    time.sleep(1.0)
     # created on b directly: the event must come back through Envoy a
     assert env.direct("b", JOBS, method="POST", body=job("j-watch")).status == 201
     assert env.direct("b", JOBS + "/j-watch", method="DELETE", body=BACKGROUND).status == 200
@@ -214,22 +219,37 @@ def test_watch_through_the_reroute_delivers_events(env):
                        >= {("ADDED", "j-watch"), ("DELETED", "j-watch")}, 15,
                        message=f"watch events through the reroute: {events}")
     assert not [e for e in events if e["type"] == "ERROR"], events
+    # shutdown() ends the reader's blocked read now (close() alone would wait for it, i.e. for the
+    # watch's own 30 s timeout)
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    t.join(5)
+    assert not t.is_alive(), "the watch reader did not stop"
     conn.close()
-    # kubectl's watch too
+    # kubectl's watch too. --watch-only prints only changes after kubectl's own list (or watch-list
+    # snapshot), so the job is created once b's audit log shows kubectl's watch started (ResponseStarted
+    # is written when the watch is registered).
     kc = env.kubeconfig("a")
-    proc = None
-    import subprocess
-    proc = subprocess.Popen([env.cp.kubectl, f"--kubeconfig={kc}", "get", "jobs", "--watch-only",
-                             "--output-watch-events", "-o", "name", "--request-timeout=60s"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    b = env.server("b")
+
+    def kubectl_watches():
+        return [e for e in b.audit_events() if e.get("verb") == "watch" and e["user"].get("username") == "alice"
+                and e.get("objectRef", {}).get("resource") == "jobs" and e.get("userAgent", "").startswith("kubectl")]
+    before = len(kubectl_watches())
+    out = env.cp.workdir / "kubectl-watch-jobs.out"
+    with open(out, "w") as f:
+        proc = subprocess.Popen([env.cp.kubectl, f"--kubeconfig={kc}", "get", "jobs", "--watch-only",
+                                 "--output-watch-events", "-o", "name", "--request-timeout=60s"],
+                                stdout=f, stderr=subprocess.STDOUT, text=True)
     try:
-        time.sleep(3)
+        harness.wait_until(lambda: len(kubectl_watches()) > before, 30, 0.2,
+                           message=f"kubectl's watch never reached b: {out.read_text()!r}")
         assert env.direct("b", JOBS, method="POST", body=job("j-kwatch")).status == 201
-        line = proc.stdout.readline()
+        line = harness.wait_until(lambda: next((l for l in out.read_text().splitlines() if l.strip()), None), 15,
+                                  0.1, message=f"kubectl's watch printed nothing: {out.read_text()!r}")
         assert "j-kwatch" in line, line
     finally:
         proc.kill()
-        proc.wait()
+        proc.wait(10)
         env.direct("b", JOBS + "/j-kwatch", method="DELETE", body=BACKGROUND)
 
 

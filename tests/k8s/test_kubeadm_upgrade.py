@@ -70,6 +70,7 @@ from kpp.testing.cluster import DEFAULT_VERSION, SKEW_OLD_VERSION
 from kpp.testing.kubeadm_node import APISERVER_PORT, SNI, KubeadmCluster, kubeconfig_credentials, openssl
 from kpp.testing.proc import client_tls, get_json
 from kpp.testing.sds import NoKeyRotationFailures
+from k8senv import dumped
 
 OLD, NEW = SKEW_OLD_VERSION, DEFAULT_VERSION
 CONFIG = f"--config={ku.KPP_DIR}/upgrade-config.yaml"
@@ -78,6 +79,11 @@ PATCHES = f"--patches={ku.KPP_DIR}/patches"
 NO_KUBELET = "--ignore-preflight-errors=SystemVerification,ContainerRuntimeVersion"
 NO_KUBELET_REAL = "--ignore-preflight-errors=SystemVerification,ContainerRuntimeVersion,ImagePull,CreateJob"
 MANIFEST = "/etc/kubernetes/manifests/kube-apiserver.yaml"
+
+# pytest.ini's 300 s is too short here: `upgrade plan` alone waits 60 s for kubeadm's health-check Job,
+# the real `upgrade apply` takes about 70 s, and run alone a test pays the module fixture (13 s) and, for
+# test_after_the_upgrade_..., both upgrades (170 s for the whole file unloaded; loaded, two to three times).
+pytestmark = pytest.mark.timeout(900)
 
 RUNS: list[tuple[str, str, int, float]] = []  # (node, command, rc, seconds): the closing note
 REQUESTS: list[str] = []  # the scheme://host:port of every API request the upgrade commands made
@@ -90,7 +96,8 @@ class Env:
     def __init__(self, kc: KubeadmCluster, net: ku.PrivateNet, roots: dict[str, ku.NodeRoot], setup: list[str]):
         self.kc, self.net, self.roots, self.setup = kc, net, roots, setup
         self.cp1, self.cp2 = kc.node("cp-1"), kc.node("cp-2")
-        self.dry: dict[str, dict[str, str]] = {}
+        self.dry: dict[str, tuple] = {}  # "apply-config" / "apply-patches" -> (kubeadm's result, its files)
+        self.upgrades: dict[str, str] = {}  # node -> "started" / "done" (test_real_upgrade)
 
     def kubeadm(self, node: str, *args: str, check: bool = True, timeout: float = 240):
         """kubeadm v1.36.3 on the node, with --v=6 on top of args: client-go then logs every request's
@@ -147,11 +154,12 @@ def env(request, tmp_path_factory):
         raise
     kc.timings["fixture total"] = round(time.monotonic() - t0, 2)
     print(f"\nkubeadm {OLD} control plane up: {kc.timings}\n" + "\n".join(setup))
-    request.session.kpp_env = kc
-    yield Env(kc, net, roots, setup)
-    request.session.kpp_env = None
-    net.stop()
-    kc.stop()
+    try:
+        with dumped(request, kc):
+            yield Env(kc, net, roots, setup)
+    finally:
+        net.stop()
+        kc.stop()
 
 
 def probe_hosts(summary: dict) -> set:
@@ -215,17 +223,24 @@ def test_upgrade_plan(env):
     assert any(OLD in row and NEW in row for row in rows), rows
 
 
+def apply_dry_run(env, how: str):
+    """`kubeadm upgrade apply --dry-run` on cp-1 with upgrade-config.yaml ("config") or --patches, once per
+    module: (its result, the files it would write)."""
+    if f"apply-{how}" not in env.dry:
+        r = env.kubeadm("cp-1", "upgrade", "apply", NEW, "--dry-run", CONFIG if how == "config" else PATCHES,
+                        NO_KUBELET)
+        env.dry[f"apply-{how}"] = (r, ku.dryrun_files(r.stdout))
+    return env.dry[f"apply-{how}"]
+
+
 @pytest.mark.parametrize("how", ["config", "patches"])
 def test_upgrade_apply_dry_run_keeps_the_layout(env, how):
-    flag = CONFIG if how == "config" else PATCHES
-    r = env.kubeadm("cp-1", "upgrade", "apply", NEW, "--dry-run", flag, NO_KUBELET)
+    r, files = apply_dry_run(env, how)
     assert "[upgrade/successful] Finished dryrunning successfully!" in r.stdout or "dryrun" in r.stdout.lower()
     assert 'Applied patch of type "application/strategic-merge-patch+json" to target "kube-apiserver"' in r.stdout
-    files = ku.dryrun_files(r.stdout)
-    env.dry[f"apply-{how}"] = files
     check_layout(files, env.cp1)
-    if how == "patches":  # the same manifests as with --config
-        for path, text in env.dry["apply-config"].items():
+    if how == "patches":  # the same manifests as with --config (run here when [config] did not run)
+        for path, text in apply_dry_run(env, "config")[1].items():
             if path.startswith("/etc/kubernetes/manifests/"):
                 assert files[path] == text, path
     # and nothing was written: the manifest on disk is still v1.35.4's
@@ -353,7 +368,8 @@ def presented_serial(host: str, port: int, ca) -> str:
         der = t.getpeercert(binary_form=True)
     pem = ssl.DER_cert_to_PEM_cert(der)
     import subprocess
-    r = subprocess.run(["openssl", "x509", "-noout", "-serial"], input=pem, capture_output=True, text=True, check=True)
+    r = subprocess.run(["openssl", "x509", "-noout", "-serial"], input=pem, capture_output=True, text=True, check=True,
+                       timeout=30)
     return r.stdout.strip().split("=", 1)[1]
 
 
@@ -363,7 +379,8 @@ def embedded_serial(kubeconfig) -> str:
     user = yaml.safe_load(kubeconfig.read_text())["users"][0]["user"]
     pem = base64.b64decode(user["client-certificate-data"]).decode()
     import subprocess
-    r = subprocess.run(["openssl", "x509", "-noout", "-serial"], input=pem, capture_output=True, text=True, check=True)
+    r = subprocess.run(["openssl", "x509", "-noout", "-serial"], input=pem, capture_output=True, text=True, check=True,
+                       timeout=30)
     return r.stdout.strip().split("=", 1)[1]
 
 
@@ -384,6 +401,17 @@ def envoy_serials(n) -> set[str]:
     return {norm(c["serial_number"]) for cert in doc.get("certificates", []) for c in cert.get("cert_chain", [])}
 
 
+WATCHES: list["EnvoyWatch"] = []  # running ones, cancelled after each test (_cancel_watches)
+
+
+@pytest.fixture(autouse=True)
+def _cancel_watches():
+    """A test that fails before its EnvoyWatch.stop() leaves no thread polling (and forking openssl)."""
+    yield
+    while WATCHES:
+        WATCHES.pop().cancel()
+
+
 class EnvoyWatch:
     """While kubeadm runs: the first moment this node's Envoy presents a serving certificate, and lists a
     front-proxy client certificate in admin /certs, that is the one on disk and not the one before."""
@@ -398,12 +426,16 @@ class EnvoyWatch:
 
     def start(self):
         self.thread.start()
+        WATCHES.append(self)
         return self
 
     def stop(self):
         deadline = time.monotonic() + 15  # the bound is 10 s after the renewal
         while len(self.seen) < 2 and time.monotonic() < deadline:
             time.sleep(self.INTERVAL)
+        self.cancel()
+
+    def cancel(self):
         self._stop.set()
         self.thread.join(10)
 
@@ -430,10 +462,25 @@ class EnvoyWatch:
 PKI_FILES = ("apiserver.crt", "apiserver-kubelet-client.crt", "front-proxy-client.crt", "ca.crt", "front-proxy-ca.crt")
 
 
+def upgraded(env, node: str):
+    """`node` has been upgraded by test_real_upgrade (which runs here, checks and all, when its test did
+    not run: this test alone, or -k); a failed earlier attempt is not repeated."""
+    state = env.upgrades.get(node)
+    if state == "done":
+        return
+    assert state is None, f"{node}'s upgrade failed earlier (test_real_upgrade[{node}])"
+    print(f"\n(setting up: test_real_upgrade[{node}] first)")
+    test_real_upgrade(env, node)
+
+
 @pytest.mark.parametrize("node", ["cp-1", "cp-2"])
 def test_real_upgrade(env, node):
     """cp-1: `kubeadm upgrade apply v1.36.3`, then cp-2: `kubeadm upgrade node` (the order docs/deploy.md
     gives), each with upgrade-config.yaml and the kubelet stand-in."""
+    if node == "cp-2":
+        upgraded(env, "cp-1")  # apply before node
+    assert node not in env.upgrades, f"{node} upgraded twice"
+    env.upgrades[node] = "started"
     n, root = env.kc.node(node), env.roots[node]
     envoy_pid = {node: n.envoy.process.pid}
     before = {f: serial(n.pki / f) for f in PKI_FILES}
@@ -512,9 +559,11 @@ def test_real_upgrade(env, node):
         assert images["daemonset/kube-proxy"].endswith(f":{OLD}"), images
     else:
         assert images["daemonset/kube-proxy"].endswith(f":{NEW}"), images
+    env.upgrades[node] = "done"
 
 
 def test_after_the_upgrade_both_nodes_serve_v1_36_through_envoy(env):
+    upgraded(env, "cp-2")  # (and so cp-1 before it)
     creds = kubeconfig_credentials(env.roots["cp-1"].etc / "admin.conf", env.kc.workdir / "creds-after")
     for n in (env.cp1, env.cp2):
         assert n.via("/version").json()["gitVersion"] == NEW
@@ -530,6 +579,8 @@ def test_after_the_upgrade_both_nodes_serve_v1_36_through_envoy(env):
 
 
 def test_zz_closing_note(env):
+    if not REQUESTS:  # run alone: one upgrade command to account for
+        apply_dry_run(env, "config")
     print(f"\nkubeadm runs (v1.36.3 unless noted), forwarded connections into kubeadm's namespace {env.net.connections}:")
     for line in env.setup:
         print(f"  setup ({OLD}): {line}")

@@ -24,7 +24,7 @@ from kpp.testing import harness
 from kpp.testing.cluster import DEFAULT_VERSION, ControlPlane
 from kpp.testing.envoyfront import Front
 from kpp.testing.proc import server_tls
-from k8senv import http
+from k8senv import from_access_log, http
 
 JOBS = "/apis/batch/v1/namespaces/default/jobs"
 HPAS = "/apis/autoscaling/v2/namespaces/default/horizontalpodautoscalers"
@@ -127,8 +127,8 @@ def test_a_peer_learned_from_its_lease_serves_what_only_it_has(lenv):
     assert lenv.direct(JOBS).status == 404, "a itself does not serve batch/v1"
     r = lenv.via(JOBS, headers={"Audit-ID": "kpp-lease-jobs-1"})
     assert r.status == 200, r
-    entry = harness.wait_until(lambda: next((e for e in lenv.front.access_entries()
-                                              if e["audit_id"] == "kpp-lease-jobs-1"), None), 10)
+    entry = from_access_log(lenv.front.envoy, lambda: next((e for e in lenv.front.access_entries()
+                                                             if e["audit_id"] == "kpp-lease-jobs-1"), None))
     assert entry["cluster"] == "peers-by-address" and entry["upstream_host"] == f"127.0.0.1:{b.port}", entry
     assert entry["peer_proxied"] == "true"
     # Nobody serves autoscaling/v2 and every member's API set is known: the genuine 404 stands.
@@ -157,7 +157,8 @@ def test_a_killed_server_gives_503_until_its_lease_expires(lenv):
     wait_status(lenv, HPAS, 200, 60, allowed=(404, 503))
     c.stop(signal.SIGKILL)
     assert "kpp-apiserver-c" in lenv.leases(), "a killed kube-apiserver leaves its lease behind"
-    # While the lease lives (3600 s by default) c is a member: what only it served is a 503.
+    # While the lease lives (3600 s by default) c is a member: what only it served is a 503. The claim is
+    # about a stretch of time, so this samples it for 8 s (the sleep paces the samples; it waits for nothing).
     deadline = time.monotonic() + 8
     codes = []
     while time.monotonic() < deadline:
@@ -187,7 +188,7 @@ class Impostor:
         subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
                         "-out", str(crt), "-days", "1", "-subj", "/CN=kubernetes.default.svc",
                         "-addext", "subjectAltName=DNS:kubernetes.default.svc,IP:127.0.0.1"],
-                       check=True, capture_output=True)
+                       check=True, capture_output=True, timeout=60)
         self.ctx = server_tls(crt, key)
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
@@ -202,6 +203,7 @@ class Impostor:
             except OSError:
                 return
             self.connections += 1
+            conn.settimeout(5)  # the handshake too
             try:
                 with self.ctx.wrap_socket(conn, server_side=True) as tls:
                     tls.settimeout(2)
@@ -232,7 +234,11 @@ def test_a_forged_lease_cannot_send_requests_to_an_impostor(lenv, tmp_path):
     try:
         harness.wait_until(lambda: impostor.connections >= 2, 20,
                            message="the proxy never tried the forged lease's address")
-        time.sleep(2)
+        # Envoy refused the impostor's certificate (a connection it refuses carries no request): wait
+        # for those refusals to be counted rather than for a fixed time
+        harness.wait_until(lambda: sum(v for k, v in lenv.front.envoy.stats("ssl").items()
+                                       if k.startswith("cluster.peers-by-address.ssl.fail_verify")) >= 2, 20, 0.2,
+                           message="Envoy never refused the impostor's certificate")
         assert impostor.requests == 0, "TLS to a peer must be verified: an impostor got an HTTP request"
         # Its API set can never be learned: a 404 nobody is known to serve might be false now.
         r = lenv.via(HPAS)

@@ -25,7 +25,7 @@ import pytest
 
 from kpp.testing import harness
 from kpp.testing.kubeadm_node import APISERVER_PORT, PEER_PORT, KubeadmCluster, kubeconfig_credentials
-from k8senv import serving
+from k8senv import from_access_log, serving
 
 SELECTOR = "?labelSelector=apiserver.kubernetes.io%2Fidentity%3Dkube-apiserver"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases"
@@ -89,11 +89,13 @@ def served_by(client_node, path, server, others, cert):
     assert "kubeadm:cluster-admins" in ev["user"]["groups"], ev["user"]
     for o in others:
         assert not o.has_audit_id(aid), f"{aid} also audited on {o.name}"
-    entry = harness.wait_until(lambda: next((e for e in server.access_entries() if e.get("resp_audit_id") == aid),
-                                            None), 10, message=f"{aid} not in {server.name}'s access log")
+    entry = from_access_log(server.envoy, lambda: next((e for e in server.access_entries()
+                                                        if e.get("resp_audit_id") == aid), None),
+                            message=f"{aid} not in {server.name}'s access log")
     assert int(entry["listener_port"]) == PEER_PORT, entry
-    sent = harness.wait_until(lambda: next((e for e in client_node.access_entries()
-                                            if e.get("resp_audit_id") == aid), None), 10)
+    sent = from_access_log(client_node.envoy, lambda: next((e for e in client_node.access_entries()
+                                                            if e.get("resp_audit_id") == aid), None),
+                           message=f"{aid} not in {client_node.name}'s access log")
     assert sent["cluster"] == "peers-by-address" and sent["upstream_host"] == f"{server.node_ip}:{PEER_PORT}", sent
     print(f"{path} via {client_node.name}: 200, audited on {server.name} as {ev['user']['username']} "
           f"{ev['user']['groups']}, sent to {sent['upstream_host']}")
@@ -131,6 +133,39 @@ def start(kc: KubeadmCluster, names, **envoy_kw):
     print(f"cluster {list(names)} ready in {time.monotonic() - t0:.1f}s")
 
 
+def cp1_mode(kc: KubeadmCluster, mode: str):
+    """cp-1's Envoy in lease mode "control" (the advertised address used as it is) or "peer-port" (the
+    kubeadm profile's, reaching peers at their peer listener); restarted only if it runs the other one.
+    The class's tests each say which they need, so that any of them runs alone."""
+    if kc.cp1_mode == mode:
+        return
+    cp1 = kc.node("cp-1")
+    if cp1.envoy:
+        cp1.envoy.stop()
+    cp1.start_envoy([], kc.wasm, **lease_mode(cp1, **({"leases": {"peer_port": None}} if mode == "control" else {})))
+    cp1.envoy.wait_until_ready(60)
+    cp1.envoy.wait_snapshot(60)
+    kc.cp1_mode = mode
+
+
+def join_cp3(kc: KubeadmCluster):
+    """cp-3 joins (kubeadm phases with cp-1's CAs, its apiserver, its Envoy in lease mode), once."""
+    cp1, cp3 = kc.node("cp-1"), kc.node("cp-3")
+    if cp3.apiserver_proc is not None:
+        return
+    cp3.prepare(cp1)
+    cp3.start_apiserver()
+    cp3.wait_apiserver(180)
+    cp3.start_envoy([], kc.wasm, **lease_mode(cp3))
+    cp3.envoy.wait_until_ready(60)
+
+
+def gone(node):
+    """The node's processes are stopped (its apiserver with SIGTERM: it deletes its lease)."""
+    if node.apiserver_proc is not None and node.apiserver_proc.alive():
+        node.stop()
+
+
 class TestV136:
     """cp-1 lacks batch/v1 and autoscaling/v2, cp-2 lacks autoscaling/v2, cp-3 (joins later) has both."""
 
@@ -144,10 +179,10 @@ class TestV136:
             cp1, cp2 = kc.node("cp-1"), kc.node("cp-2")
             cp2.start_envoy([], kc.wasm, **lease_mode(cp2))
             # the control first: cp-1 uses the advertised address as it is (the old behaviour)
-            cp1.start_envoy([], kc.wasm, **lease_mode(cp1, leases={"peer_port": None}))
-            for n in (cp1, cp2):
-                n.envoy.wait_until_ready(60)
-                n.envoy.wait_snapshot(60)
+            kc.cp1_mode = None
+            cp1_mode(kc, "control")
+            cp2.envoy.wait_until_ready(60)
+            cp2.envoy.wait_snapshot(60)
         with serving(request, kc, up):
             yield kc
 
@@ -168,6 +203,7 @@ class TestV136:
         """cp-1 reaches cp-2 where its lease says, <node-ip>:6443: Envoy's client listener, which
         verifies client certificates against the cluster CA and refuses the front-proxy one."""
         cp1, cp2 = kc.node("cp-1"), kc.node("cp-2")
+        cp1_mode(kc, "control")
         harness.wait_until(lambda: sync_errors(cp1, cp2.hostname).get("unreachable", 0) >= 3, 30, 0.5,
                            message=f"no unreachable errors: {sync_errors(cp1, cp2.hostname)}")
         assert fresh(cp1).get(cp2.hostname) == 0, fresh(cp1)
@@ -179,13 +215,11 @@ class TestV136:
         print(f"control: server_fresh {fresh(cp1)}, sync errors for {cp2.hostname} "
               f"{sync_errors(cp1, cp2.hostname)}, {JOBS} -> {r.status}, upstream TLS {ssl}")
         # the fix: the same node, the kubeadm profile's lease mode (peer_port 6444)
-        cp1.envoy.stop()
-        cp1.start_envoy([], kc.wasm, **lease_mode(cp1))
-        cp1.envoy.wait_until_ready(60)
-        cp1.envoy.wait_snapshot(60)
+        cp1_mode(kc, "peer-port")
 
     def test_two_nodes_learn_each_other(self, kc):
         cp1, cp2 = kc.node("cp-1"), kc.node("cp-2")
+        cp1_mode(kc, "peer-port")
         t0 = time.monotonic()
         wait_fresh(cp1, [cp2])
         wait_fresh(cp2, [cp1])
@@ -197,11 +231,8 @@ class TestV136:
 
     def test_a_third_node_joins_and_all_three_learn_each_other(self, kc):
         cp1, cp2, cp3 = kc.node("cp-1"), kc.node("cp-2"), kc.node("cp-3")
-        cp3.prepare(cp1)
-        cp3.start_apiserver()
-        cp3.wait_apiserver(180)
-        cp3.start_envoy([], kc.wasm, **lease_mode(cp3))
-        cp3.envoy.wait_until_ready(60)
+        cp1_mode(kc, "peer-port")
+        join_cp3(kc)
         t0 = time.monotonic()
         for n, peers in ((cp1, [cp2, cp3]), (cp2, [cp1, cp3]), (cp3, [cp1, cp2])):
             wait_fresh(n, peers)
@@ -214,6 +245,11 @@ class TestV136:
 
     def test_a_node_leaves(self, kc):
         cp1, cp2, cp3 = kc.node("cp-1"), kc.node("cp-2"), kc.node("cp-3")
+        # the starting point: three nodes that know each other (as the test before leaves them)
+        cp1_mode(kc, "peer-port")
+        join_cp3(kc)
+        for n, peers in ((cp1, [cp2, cp3]), (cp2, [cp1, cp3])):
+            wait_fresh(n, peers)
         cp3.apiserver_proc.stop(signal.SIGTERM)
         assert cp3.hostname not in leases_of(cp1), "a gracefully stopped kube-apiserver deletes its lease"
         for n in (cp1, cp2):
@@ -222,6 +258,8 @@ class TestV136:
             # (a gauge cannot be removed: the filter sets a departed member's to 0)
             harness.wait_until(lambda n=n: fresh(n).get(cp3.hostname) == 0, 10, 0.5,
                                message=f"{n.name}: {fresh(n)}")
+        # (counted once Envoy has written what it holds: its stop below writes the rest, see flush_logs)
+        assert cp3.envoy.flush_logs(), "cp-3's Envoy did not write its access log"
         n_before = len([e for e in cp3.access_entries() if str(e.get("listener_port")) == str(PEER_PORT)])
         cp3.stop()
         for n in (cp1, cp2):
@@ -232,6 +270,10 @@ class TestV136:
         """cp-2 leaves too: cp-1 alone in lease mode serves what it has, and what nobody serves is a
         genuine 404 (no member is unknown)."""
         cp1, cp2 = kc.node("cp-1"), kc.node("cp-2")
+        # the starting point: cp-1 in the kubeadm profile's lease mode knows cp-2, and cp-3 has left
+        cp1_mode(kc, "peer-port")
+        gone(kc.node("cp-3"))
+        wait_fresh(cp1, [cp2])
         cp2.apiserver_proc.stop(signal.SIGTERM)
         assert set(leases_of(cp1)) == {cp1.hostname}, leases_of(cp1)
         took, seen = wait_code(cp1, JOBS, 404, admin(cp1), 30)

@@ -34,7 +34,7 @@ import pytest
 
 from kpp.testing import harness
 from kpp.testing.cluster import CRD_GROUP, DEFAULT_VERSION
-from k8senv import gvrs
+from k8senv import from_access_log, gvrs
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "design.md"
@@ -226,7 +226,7 @@ def answered_by(env, aids: list[str]) -> dict[str, str]:
     def entries():
         got = {e["audit_id"]: e["cluster"] for e in env.fronts["a"].access_entries()}
         return got if all(a in got for a in aids) else None
-    got = harness.wait_until(entries, 15, 0.2, message="requests missing from Envoy a's access log")
+    got = from_access_log(env.fronts["a"].envoy, entries, message="requests missing from Envoy a's access log")
     return {a: {"local": "a", "peer-b": "b"}.get(got[a], got[a]) for a in aids}
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from kpp.testing import harness
 from kpp.testing.cluster import DEFAULT_VERSION, SKEW_OLD_VERSION
-from k8senv import NOPEER, V2, discovery, http, start_env, stop_env
+from k8senv import NOPEER, V2, discovery, dumped, from_access_log, http, start_env, stop_env
 
 KUBECTL_ACCEPT = V2 + ",application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json"
 
@@ -25,9 +25,11 @@ KUBECTL_ACCEPT = V2 + ",application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIG
 @pytest.fixture(scope="module")
 def skew(request, tmp_path_factory):
     e = start_env(tmp_path_factory.mktemp("skew"), [("old", SKEW_OLD_VERSION, ""), ("new", DEFAULT_VERSION, "")])
-    request.session.kpp_env = e
-    yield e
-    stop_env(e)
+    try:
+        with dumped(request, e):
+            yield e
+    finally:
+        stop_env(e)
 
 
 def scoped_resources(env, name: str) -> dict[tuple[str, str, str], dict]:
@@ -79,8 +81,8 @@ def _routes(skew, via: str, to: str, gvrs: dict):
                                 message=f"{gvr}: audit id not in {to}'s audit log")
         assert ev["user"]["username"] == "kpp-admin" and ev["responseStatus"]["code"] == 200
         assert not any(e["auditID"] == aid for e in skew.server(via).audit_events()), gvr
-        acc = harness.wait_until(lambda: next((e for e in skew.fronts[via].access_entries()
-                                               if e["audit_id"] == aid), None), 10)
+        acc = from_access_log(skew.fronts[via].envoy, lambda: next((e for e in skew.fronts[via].access_entries()
+                                                                     if e["audit_id"] == aid), None))
         assert (acc["cluster"], acc["peer_proxied"]) == (f"peer-{to}", "true"), acc
     return listable
 

@@ -121,7 +121,7 @@ class Proc:
                 p.wait(timeout)
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+                p.wait(10)
         self._log.close()
         self.popen = None
 
@@ -133,7 +133,7 @@ class Proc:
 
 
 def make_certs(d: Path) -> Path:
-    subprocess.run(["bash", str(ROOT / "scripts" / "k8s" / "certs.sh"), str(d)], check=True)
+    subprocess.run(["bash", str(ROOT / "scripts" / "k8s" / "certs.sh"), str(d)], check=True, timeout=120)
     return d
 
 
@@ -297,6 +297,7 @@ class WardleBackend:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            timeout = 30  # every read of a connection (and its TLS handshake, see below) is bounded
 
             def log_message(self, *a):
                 pass
@@ -346,7 +347,9 @@ class WardleBackend:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         ctx = server_tls(certs / "apiserver.crt", certs / "apiserver.key")
-        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+        # The handshake happens on the handler's first read (its thread, its timeout), not in accept():
+        # a client that stalls there would otherwise block serve_forever, and stop() with it.
+        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True, do_handshake_on_connect=False)
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 

@@ -129,7 +129,7 @@ def kubeconfig_credentials(kubeconfig: Path, out_dir: Path) -> tuple[Path, Path]
         cfg = yaml.safe_load(kubeconfig.read_text())
     except ImportError:  # kubectl can convert it
         r = subprocess.run([str(harness.tool("kubectl")), "config", "view", "--raw", "-o", "json",
-                            f"--kubeconfig={kubeconfig}"], capture_output=True, text=True, check=True)
+                            f"--kubeconfig={kubeconfig}"], capture_output=True, text=True, check=True, timeout=60)
         cfg = json.loads(r.stdout)
     user = cfg["users"][0]["user"]
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -142,7 +142,7 @@ def kubeconfig_credentials(kubeconfig: Path, out_dir: Path) -> tuple[Path, Path]
 
 
 def openssl(*args, cwd=None):
-    r = subprocess.run(["openssl", *args], capture_output=True, text=True, cwd=cwd)
+    r = subprocess.run(["openssl", *args], capture_output=True, text=True, cwd=cwd, timeout=60)
     if r.returncode != 0:
         raise RuntimeError(f"openssl {' '.join(args)} failed:\n{r.stderr}")
     return r.stdout

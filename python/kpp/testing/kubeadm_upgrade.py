@@ -85,6 +85,7 @@ class PrivateNet:
         self.forwards = forwards
         self.holder: subprocess.Popen | None = None
         self.listeners: list[socket.socket] = []
+        self.relayed: list[socket.socket] = []  # both ends of every relayed connection, shut at stop()
         self.connections = {f"{h}:{p}": 0 for h, p in forwards}
         self._stop = False
 
@@ -113,7 +114,9 @@ class PrivateNet:
                         got.append(e)
                 t = threading.Thread(target=listen)
                 t.start()
-                t.join()
+                t.join(10)
+                if not got:
+                    raise RuntimeError(f"no listener on {host}:{port} in the private namespace within 10 s")
                 if isinstance(got[0], Exception):
                     raise got[0]
                 self.listeners.append(got[0])
@@ -134,7 +137,8 @@ class PrivateNet:
             except OSError:
                 c.close()
                 continue
-            u.settimeout(None)
+            u.settimeout(None)  # (a long-lived watch may be quiet; stop() shuts the sockets, ending the pumps)
+            self.relayed += [c, u]
             for a, b in ((c, u), (u, c)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
@@ -162,6 +166,11 @@ class PrivateNet:
         self._stop = True
         for s in self.listeners:
             s.close()
+        for s in self.relayed:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         if self.holder and self.holder.poll() is None:
             self.holder.kill()
             self.holder.wait(5)
