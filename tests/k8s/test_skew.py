@@ -1,5 +1,5 @@
-"""Real version skew: kube-apiserver v1.35.4 (`old`) and v1.36.3 (`new`) on one etcd, an Envoy with the
-filter in front of each. The GVRs that differ are read from the two servers' own discovery
+"""Real version skew: kube-apiserver v1.35.4 (`old`, with one beta API on: OLD_RUNTIME_CONFIG) and v1.36.3
+(`new`) on one etcd, an Envoy with the filter in front of each. The GVRs that differ are read from the two servers' own discovery
 (`profile=nopeer`, straight from each apiserver), never hard-coded; the key assertions of
 test_control_plane.py are repeated for every one of them. Run with `make e2e-k8s-skew`.
 
@@ -22,9 +22,17 @@ from k8senv import NOPEER, V2, discovery, dumped, from_access_log, http, start_e
 KUBECTL_ACCEPT = V2 + ",application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json"
 
 
+# With their defaults v1.36.3 serves everything v1.35.4 does (only_old would be empty, and the test for
+# that direction would prove nothing): the old server also serves a beta API that v1.36.3, as started
+# here, does not (MutatingAdmissionPolicy's v1beta1; v1 is GA in v1.36), as after an upgrade that drops
+# a beta API the old version had on.
+OLD_RUNTIME_CONFIG = "admissionregistration.k8s.io/v1beta1=true"
+
+
 @pytest.fixture(scope="module")
 def skew(request, tmp_path_factory):
-    e = start_env(tmp_path_factory.mktemp("skew"), [("old", SKEW_OLD_VERSION, ""), ("new", DEFAULT_VERSION, "")])
+    e = start_env(tmp_path_factory.mktemp("skew"), [("old", SKEW_OLD_VERSION, OLD_RUNTIME_CONFIG),
+                                                    ("new", DEFAULT_VERSION, "")])
     try:
         with dumped(request, e):
             yield e
