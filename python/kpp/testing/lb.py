@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
 import socket
 import string
 import subprocess
@@ -176,7 +177,7 @@ class HAProxy:
         self.stderr_path = self.workdir / "haproxy.stderr"
         self.process = subprocess.Popen([haproxy_binary(), "-db", "-f", str(self.config_path)], stdin=subprocess.DEVNULL,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                        start_new_session=True)
+                                        start_new_session=True, preexec_fn=proc.die_with_parent(signal.SIGTERM))
         for target in (self._read_syslog, self._read_stderr):
             t = threading.Thread(target=target, daemon=True)
             t.start()

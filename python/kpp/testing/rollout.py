@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import socket
+import signal
 import subprocess
 import sys
 import tempfile
@@ -184,7 +185,7 @@ def run(mode: str, workdir: Path, *, registry=None, duration: float | None = Non
                "duration": duration, "workers": 8, "rate": 200, "kubectl_interval": 0.1, "watchers": 6,
                "namespace": NAMESPACE, "peer_only": NEW_ONLY, "common": COMMON, "run": mode}
         loadgen = subprocess.Popen([sys.executable, "-m", "kpp.testing.lbclient", "--config", json.dumps(cfg), "--out", str(out)],
-                                   stdout=subprocess.PIPE, text=True)
+                                   stdout=subprocess.PIPE, text=True, preexec_fn=proc.die_with_parent(signal.SIGKILL))
         # The clients print START once their watches are open (lbclient waits up to 20 s for them).
         line = proc.read_line(loadgen.stdout, 60, "kpp.testing.lbclient")
         if not line.startswith("START "):

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -203,7 +204,7 @@ def run_mode(mode: str, duration: float, seed: int, workdir: Path, *, registry=N
                "gvrs": gvrs.table()}
         loadgen = subprocess.Popen([sys.executable, "-m", "kpp.testing.sim.loadgen",
                                     "--config", json.dumps(cfg), "--out", str(out)],
-                                   stdout=subprocess.PIPE, text=True)
+                                   stdout=subprocess.PIPE, text=True, preexec_fn=proc.die_with_parent(signal.SIGKILL))
         # loadgen.py prints START before its threads start; one that hangs before it fails here, bounded.
         line = proc.read_line(loadgen.stdout, 60, "kpp.testing.sim.loadgen")
         if not line.startswith("START "):
