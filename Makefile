@@ -43,7 +43,7 @@ test-native:
 test-python: build k8s-build
 	$(PYTEST) -q tests/fake_apiserver $(E2E)
 
-test: lint test-native k8s-build-skew test-python fuzz-smoke e2e-k8s
+test: lint test-native k8s-build-skew test-python fuzz-smoke e2e-k8s e2e-versions
 
 # 8 targets × FUZZ_SMOKE_SECONDS (default 15 s) = 120 s of fuzzing on the committed corpus, after the
 # fuzz build (installs nightly and cargo-fuzz if missing).
@@ -80,7 +80,7 @@ export KPP_K8S_CACHE ?= $(HOME)/.cache/kube-peer-proxy
 K8S_VERSION := v1.36.3
 K8S_SKEW_OLD := v1.35.4
 ETCD_VERSION := v3.6.8
-.PHONY: k8s-build k8s-build-skew e2e-k8s e2e-k8s-skew compare-mvp
+.PHONY: k8s-build k8s-build-skew e2e-k8s compare-mvp
 
 # etcd, kube-apiserver, kubeadm and kube-controller-manager: cold, kube-apiserver takes most of the time
 # and the others reuse its packages (the README quotes one measured cold build); then 0.1 s. `make test` always runs e2e-k8s: only a failed build fails it, with the message below.
@@ -108,9 +108,31 @@ E2E_K8S ?= tests/k8s/test_control_plane.py tests/k8s/test_parity.py tests/k8s/te
 e2e-k8s: build k8s-build-skew
 	$(PYTEST) -q -rA $(E2E_K8S)
 
-# v1.35.4 and v1.36.3 on one etcd (run by hand).
-e2e-k8s-skew: build k8s-build-skew
-	$(PYTEST) -q -rA tests/k8s/test_skew.py
+# ---- The version matrix (tests/versions, python/kpp/testing/versions.py, docs/versions.md) -------
+# Each upgrade step: the two versions' kube-apiservers on one etcd, each behind Envoy with the filter,
+# peers from the default/kubernetes EndpointSlice, inside a network namespace of the run's own
+# (kpp.testing.netns: the endpoint reconciler refuses loopback addresses). `make test` runs
+# kpp.testing.versions.DEFAULT_STEPS (1.35 -> 1.36, 1.36 -> 1.37 with the built-in proxy off and on; or
+# KPP_VERSION_STEPS=id,id), `make test-versions` every step and writes its table into docs/versions.md.
+# Every kube-apiserver the matrix runs (kpp.testing.versions.STEPS).
+K8S_MATRIX_VERSIONS := v1.29.6 v1.30.14 v1.32.13 v1.33.13 v1.34.4 v1.35.4 v1.36.3 v1.37.2
+K8S_NEXT := v1.37.2
+NETNS := $(PY) -m kpp.testing.netns --
+.PHONY: k8s-build-next k8s-build-versions e2e-versions test-versions
+
+k8s-build-next: k8s-build-skew
+	@bash scripts/k8s/build.sh kube-apiserver $(K8S_NEXT) \
+	  || { echo "k8s-build-next FAILED: building kube-apiserver $(K8S_NEXT) from the Go module proxy did not work (output above)"; exit 1; }
+
+k8s-build-versions: k8s-build
+	@for v in $(K8S_MATRIX_VERSIONS); do bash scripts/k8s/build.sh kube-apiserver $$v \
+	  || { echo "k8s-build-versions FAILED: kube-apiserver $$v did not build from the Go module proxy (output above)"; exit 1; }; done
+
+e2e-versions: build k8s-build-next
+	$(NETNS) $(PYTEST) -q -rA tests/versions
+
+test-versions: build k8s-build-versions
+	KPP_VERSION_STEPS=all KPP_VERSIONS_WRITE=1 $(NETNS) $(PYTEST) -q -rA tests/versions
 
 # Side by side with the built-in MVP; prints the tables that docs/comparison.md quotes.
 compare-mvp: build k8s-build

@@ -57,10 +57,18 @@ DEFAULT_PLUGIN = {
 }
 
 
+# lease_discovery.source of the membership read from the `default/kubernetes` EndpointSlice, which the
+# apiservers' lease endpoint reconciler keeps (every version; src/discovery/endpoints.rs).
+ENDPOINTS_SOURCE = "kubernetes_endpoints"
+
+
 def plugin_config(node, peers, overrides=None, leases=None):
     # Lease mode: the peers name this server by its lease's hostname label, so the filter names it the same
-    # way (src/config.rs refuses another local_name); `node` then names only Envoy's node.
+    # way (src/config.rs refuses another local_name); `node` then names only Envoy's node. From the
+    # kubernetes EndpointSlice every member is named by its IP, this one too.
     local_name = (leases or {}).get("local_hostname") or node
+    if (leases or {}).get("source") == ENDPOINTS_SOURCE:
+        local_name = _hostport(leases["local_address"])[0].strip("[]")
     cfg = {"local_name": local_name, "local_cluster": "local", "route_header": ROUTE_HEADER}
     if leases is None:
         cfg["peers"] = [{"name": name, "cluster": f"peer-{name}"} for name, _, _ in peers]
@@ -363,8 +371,8 @@ def _access_log(path):
 
 
 def render_kubeadm(*, node, node_ip, apiserver, wasm_path, peers=None, leases=None, lease_hosts=None,
-                   admin_port=9901, port=6443, peer_port=6444, access_log=None, requestheader=None, plugin=None,
-                   peer_allowed_names=("front-proxy-client",), sds_dir=KUBEADM_SDS_DIR):
+                   endpoints=False, admin_port=9901, port=6443, peer_port=6444, access_log=None, requestheader=None,
+                   plugin=None, peer_allowed_names=("front-proxy-client",), sds_dir=KUBEADM_SDS_DIR):
     """The bootstrap of one kubeadm control-plane node (JSON text).
 
     apiserver: (host, port) the local kube-apiserver now binds (127.0.0.1:6443 on a real node);
@@ -378,9 +386,15 @@ def render_kubeadm(*, node, node_ip, apiserver, wasm_path, peers=None, leases=No
     lease mode reaches that host at `peer_port` instead (`lease_discovery.peer_port`, set here; a
     key set to None is left out, e.g. {"peer_port": None} keeps the advertised port). lease_hosts:
     [(hostname, node_ip)] of nodes whose apiserver writes no annotation (1.35 and older with
-    default feature gates), reached at <node-ip>:<peer_port>. Neither peers nor leases: a single
-    control-plane node, no peers.
+    default feature gates), reached at <node-ip>:<peer_port>. endpoints: the members are the addresses
+    of the `default/kubernetes` EndpointSlice (every kube-apiserver version writes its
+    --advertise-address there, <node-ip>:6443), reached at <ip>:<peer_port>; this node is the one at
+    <node_ip>:<port>. Neither peers, leases nor endpoints: a single control-plane node, no peers.
     """
+    if endpoints:
+        if leases is not None or peers or lease_hosts:
+            raise ValueError("endpoints membership excludes peers, leases and lease_hosts")
+        leases = {"source": ENDPOINTS_SOURCE, "local_address": f"{node_ip}:{port}"}
     if leases is not None:
         hosts = {h: f"{ip}:{peer_port}" for h, ip in (lease_hosts or [])}
         leases = {"peer_port": peer_port, **({"hosts": hosts} if hosts else {}), **leases}
@@ -539,9 +553,10 @@ def _main_kubeadm(argv):
         prog="kube-peer-proxy-render --kubeadm", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="The kubeadm control-plane profile (docs/deploy.md): Envoy on <node-ip>:6443 for clients and "
                     "<node-ip>:<peer-port> for the other nodes' proxies, in front of the kube-apiserver moved to "
-                    "127.0.0.1:6443. Peers: one --peer per other control-plane node; or lease mode "
-                    "(--lease-local-hostname: peers from the apiservers' identity leases; every node needs a "
-                    "distinct hostname); a single control-plane node gives neither (no peers).")
+                    "127.0.0.1:6443. Peers, by default: every address of the `default/kubernetes` EndpointSlice, "
+                    "which every kube-apiserver version keeps (its --advertise-address, the node IP); or one --peer "
+                    "per other control-plane node; or lease mode (--lease-local-hostname: peers from the apiservers' "
+                    "identity leases; every node needs a distinct hostname); --no-peers: a single control-plane node.")
     p.add_argument("--kubeadm", required=True, metavar="PKI_DIR", help="kubeadm PKI directory (/etc/kubernetes/pki)")
     p.add_argument("--node", required=True, help="this node's name (metrics, logs, merged discovery order; in lease "
                                                  "mode the filter uses --lease-local-hostname, as the other nodes do)")
@@ -556,6 +571,8 @@ def _main_kubeadm(argv):
     p.add_argument("--lease-host", action="append", default=[], metavar="HOSTNAME=NODE_IP",
                    help="lease mode: a node whose apiserver writes no peer-advertise-address annotation (1.35 and "
                         "older with default feature gates), reached at NODE_IP:<peer-port> (repeatable)")
+    p.add_argument("--no-peers", action="store_true",
+                   help="a single control-plane node: no peers and no membership reads")
     p.add_argument("--peer-port", type=int, default=6444,
                    help="the peer listener's port, on this node and on every peer")
     p.add_argument("--wasm", required=True, help="path of the kube-peer-proxy .wasm as Envoy sees it")
@@ -574,9 +591,12 @@ def _main_kubeadm(argv):
         p.error("give --peer for each other node, or --lease-local-hostname (lease mode), not both")
     if a.lease_host and not a.lease_local_hostname:
         p.error("--lease-host is for lease mode: give --lease-local-hostname too")
+    if a.no_peers and (a.peer or a.lease_local_hostname):
+        p.error("--no-peers excludes --peer and --lease-local-hostname")
     text = render_kubeadm(
         node=a.node, node_ip=a.node_ip, apiserver=_hostport(a.apiserver), wasm_path=a.wasm,
         peers=[tuple(x.split("=", 1)) for x in a.peer] or None,
+        endpoints=not (a.no_peers or a.peer or a.lease_local_hostname),
         leases={"local_hostname": a.lease_local_hostname} if a.lease_local_hostname else None,
         lease_hosts=[tuple(x.split("=", 1)) for x in a.lease_host] or None,
         admin_port=a.admin_port, access_log=a.access_log, sds_dir=a.sds_dir, peer_port=a.peer_port,

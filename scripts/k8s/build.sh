@@ -43,6 +43,15 @@ if [[ "${1:-}" != "--path" ]]; then
     export PATH="$(dirname "$GO_BIN"):$PATH"
 fi
 
+# An empty module for a staging module whose v0.<minor>.<patch> the module proxy refuses (v1.31.14's
+# k8s.io/kube-scheduler, v1.32.13's k8s.io/endpointslice, v1.29.6's k8s.io/legacy-cloud-providers: "403 This
+# module version is not available"). Go needs every required module's go.mod, not its code: a binary that
+# imports a package from a stub does not build, so a stub can never stand in for code that runs.
+stub_module() {  # work module
+    mkdir -p "$1/stub/$2"
+    printf 'module %s\n\ngo 1.21\n' "$2" > "$1/stub/$2/go.mod"
+}
+
 build_apiserver() {  # version [component]: any cmd/<component> of k8s.io/kubernetes
     local version="$1" component="${2:-kube-apiserver}" out work minor patch staging_ver modfile
     out="$(path_of "$component" "$version")"
@@ -68,11 +77,21 @@ build_apiserver() {  # version [component]: any cmd/<component> of k8s.io/kubern
         echo "require k8s.io/kubernetes $version"
         echo
         echo "replace ("
-        # every `k8s.io/X => ./staging/src/k8s.io/X` of the upstream go.mod
+        # every `k8s.io/X => ./staging/src/k8s.io/X` of the upstream go.mod: its v0.<minor>.<patch> release
+        # when the module proxy serves it, else an empty local module (stub_module)
         sed -nE 's#^[[:space:]]*(k8s\.io/[A-Za-z0-9._-]+)[[:space:]]+=>[[:space:]]+\./staging/src/.*#\1#p' "$modfile" \
-            | sort -u | while read -r m; do echo "	$m => $m $staging_ver"; done
+            | sort -u | while read -r m; do
+                if (cd "$CACHE" && GOFLAGS= go mod download "$m@$staging_ver") 2>>"$work/refused.log"; then
+                    echo "	$m => $m $staging_ver"
+                else
+                    stub_module "$work" "$m"; echo "	$m => ./stub/$m"
+                fi
+            done
         echo ")"
     } > "$work/go.mod"
+    if [[ -d "$work/stub" ]]; then
+        log "$component $version: refused by the module proxy, replaced by empty modules: $(cd "$work/stub" && find . -name go.mod -printf '%h ' | sed 's#\./##g')"
+    fi
     cat > "$work/tools.go" <<'GO'
 //go:build tools
 
@@ -85,8 +104,14 @@ import (
 )
 GO
     log "$component $version: $(grep -c '=>' "$work/go.mod") staging replaces; go mod tidy"
-    (cd "$work" && go mod tidy)
+    # tidy looks at every build tag's imports, so with a stub it reports the packages only other tags or
+    # other binaries import (-e); a stub a built package imports still fails `go build` below.
+    (cd "$work" && if [[ -d stub ]]; then go mod tidy -e; else go mod tidy; fi)
     fi
+    # v1.29's in-tree cloud providers import k8s.io/legacy-cloud-providers (refused for v0.29.6);
+    # `providerless` leaves them out, as upstream's own providerless builds do (no-op from v1.30 on).
+    local tags=()
+    if [[ -d "$work/stub/k8s.io/legacy-cloud-providers" ]]; then tags=(-tags providerless); fi
     local ldpkg="k8s.io/component-base/version" date
     date="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
     local ld="-s -w"
@@ -96,10 +121,11 @@ GO
     done
     log "$component $version: go build (cold: kube-apiserver ~7-10 min on 2 cores; the others reuse most of it)"
     mkdir -p "$(dirname "$out")"
-    (cd "$work" && go build -trimpath -ldflags "$ld" -o "$out.tmp" "k8s.io/kubernetes/cmd/$component")
+    (cd "$work" && go build "${tags[@]}" -trimpath -ldflags "$ld" -o "$out.tmp" "k8s.io/kubernetes/cmd/$component")
     if [[ "$component" == kubeadm ]]; then "$out.tmp" version -o short >&2; else "$out.tmp" --version >&2; fi
     mv "$out.tmp" "$out"
     cp "$work/go.mod" "$work/go.sum" "$(dirname "$out")/"
+    if [[ -d "$work/stub" ]]; then (cd "$work/stub" && find . -name go.mod -printf '%h\n' | sed 's#^\./##') > "$(dirname "$out")/stubbed-modules.txt"; fi
     log "$component $version: done in $((SECONDS - t0)) s -> $out"
 }
 

@@ -3,7 +3,8 @@
 #   ca.{crt,key}              cluster CA: signs serving certs; --client-ca-file; --peer-ca-file (built-in MVP)
 #   apiserver.{crt,key}       serving cert of every kube-apiserver and of the test aggregated API backend.
 #                             SANs: kubernetes.default.svc (the SNI Envoy and the built-in MVP use),
-#                             kubernetes.default, kubernetes, localhost, 127.0.0.1, and the aggregated
+#                             kubernetes.default, kubernetes, localhost, 127.0.0.1, 198.18.0.11-19 (the
+#                             node addresses of kpp.testing.netns), and the aggregated
 #                             backend's service name kpp-wardle.kpp-system.svc
 #   front-proxy-ca.{crt,key}  --requestheader-client-ca-file (aggregator and built-in MVP identity headers)
 #   front-proxy-client.{crt,key}  --proxy-client-cert-file/--proxy-client-key-file, CN=front-proxy-client
@@ -26,7 +27,7 @@ cat > apiserver.ext <<EXT
 basicConstraints=CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth
-subjectAltName=DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:kubernetes.default,DNS:kubernetes,DNS:localhost,DNS:kpp-wardle.kpp-system.svc,IP:127.0.0.1
+subjectAltName=DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:kubernetes.default,DNS:kubernetes,DNS:localhost,DNS:kpp-wardle.kpp-system.svc,IP:127.0.0.1,IP:198.18.0.11,IP:198.18.0.12,IP:198.18.0.13,IP:198.18.0.14,IP:198.18.0.15,IP:198.18.0.16,IP:198.18.0.17,IP:198.18.0.18,IP:198.18.0.19
 EXT
 q req -newkey rsa:2048 -nodes -keyout apiserver.key -out apiserver.csr -subj "/CN=kube-apiserver"
 q x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out apiserver.crt -days "$DAYS" \

@@ -517,7 +517,7 @@ def write_in_place_bytes(dst: Path, data: bytes):
 
 
 def test_a_single_control_plane_node_needs_no_peers(tmp_path, envoys):
-    """`kpp.render --kubeadm` with neither --peer nor --lease-local-hostname (one control-plane node):
+    """`kpp.render --kubeadm --no-peers` (one control-plane node):
     the bootstrap loads, local requests are served, and once the only member's API set is known a
     resource nobody serves gets the apiserver's genuine 404 (not the guard's 503)."""
     pki = Pki(tmp_path / "pki")

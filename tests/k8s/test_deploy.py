@@ -62,7 +62,7 @@ def test_manifests_parse_and_the_kubeadm_bootstrap_validates(tmp_path):
     # it against a real one. Here: they parse, and the static pod is what a control-plane node needs.
     kinds = [d["kind"] for f in ("static-pod.yaml", "rbac.yaml")
              for d in yaml.safe_load_all((DEPLOY / f).read_text())]
-    assert kinds == ["Pod", "ClusterRoleBinding", "Role", "RoleBinding"]
+    assert kinds == ["Pod", "ClusterRoleBinding", "Role", "RoleBinding", "Role", "RoleBinding"]
     pod = yaml.safe_load((DEPLOY / "static-pod.yaml").read_text())
     assert pod["spec"]["hostNetwork"] is True
     # the pki-reload container watches exactly the files the SDS secrets name
@@ -97,3 +97,40 @@ def test_manifests_parse_and_the_kubeadm_bootstrap_validates(tmp_path):
             assert [s["name"] for s in tls["tls_certificate_sds_secret_configs"]] == ["front-proxy-client"]
     assert clusters["peer-cp-2"]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"][
         "socket_address"] == {"address": "127.0.0.12", "port_value": 6444}
+
+
+def test_the_kubeadm_profile_reads_its_members_from_the_kubernetes_endpointslice_by_default(tmp_path):
+    """`kube-peer-proxy-render --kubeadm` without --peer, --lease-local-hostname or --no-peers: members from
+    the `default/kubernetes` EndpointSlice, this node recognised by --node-ip:6443 and named by its IP,
+    peers reached at their peer listener; the bootstrap validates. --no-peers: no membership at all."""
+    pki = tmp_path / "pki"
+    subprocess.run([str(binary("kubeadm", DEFAULT_VERSION)), "init", "phase", "certs", "all",
+                    "--cert-dir", str(pki), "--apiserver-advertise-address", "192.0.2.11"],
+                   check=True, capture_output=True, timeout=60)
+    sds = tmp_path / "sds"
+
+    def rendered(*extra):
+        r = subprocess.run([str(ROOT / ".venv" / "bin" / "kube-peer-proxy-render"), "--kubeadm", str(pki),
+                            "--node", "cp-1", "--node-ip", "10.0.0.11", "--wasm", str(harness.wasm_path()),
+                            "--sds-dir", str(sds), "--write-sds", *extra],
+                           capture_output=True, text=True, timeout=60, check=True)
+        return r.stdout
+
+    def plugin_of(text):
+        hcm = json.loads(text)["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        wasm = next(f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.wasm")
+        return json.loads(wasm["typed_config"]["config"]["configuration"]["value"])
+
+    text = rendered()
+    plugin = plugin_of(text)
+    assert plugin["lease_discovery"]["source"] == "kubernetes_endpoints", plugin
+    assert plugin["lease_discovery"]["local_address"] == "10.0.0.11:6443"
+    assert plugin["lease_discovery"]["peer_port"] == 6444
+    assert plugin["local_name"] == "10.0.0.11" and "peers" not in plugin
+    bootstrap = tmp_path / "envoy.yaml"
+    bootstrap.write_text(text)
+    r = subprocess.run([str(harness.envoy_binary()), "--mode", "validate", "-c", str(bootstrap)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    single = plugin_of(rendered("--no-peers"))
+    assert "lease_discovery" not in single and not single.get("peers"), single

@@ -174,11 +174,23 @@ class APIServer:
     # --peer-advertise-ip/port) without turning the built-in proxy on (no --peer-ca-file).
     advertise: bool = False
     extra_flags: list = field(default_factory=list)
+    # Bound and advertised. A non-loopback address (inside a network namespace: kpp.testing.netns) lets
+    # the lease endpoint reconciler run: Endpoints and EndpointSlices refuse loopback addresses.
+    address: str = "127.0.0.1"
+    # --endpoint-reconciler-type=lease (the default): the server writes its address into the
+    # `default/kubernetes` Endpoints and EndpointSlice (needs a non-loopback `address`).
+    endpoints: bool = False
+    # More feature gates (name -> bool), e.g. {"AggregatedDiscoveryEndpoint": False} on v1.29.
+    feature_gates: dict = field(default_factory=dict)
     proc: Proc | None = None
 
     @property
     def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
+        return f"https://{self.address}:{self.port}"
+
+    @property
+    def minor(self) -> int:
+        return int(self.version.split(".")[1])
 
     @property
     def audit_log(self) -> Path:
@@ -193,8 +205,8 @@ class APIServer:
         f = [
             f"--etcd-servers={self.etcd_url}",
             f"--secure-port={self.port}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            f"--bind-address={self.address}",
+            f"--advertise-address={self.address}",
             f"--cert-dir={self.workdir / 'cert-dir'}",
             f"--tls-cert-file={c / 'apiserver.crt'}",
             f"--tls-private-key-file={c / 'apiserver.key'}",
@@ -211,7 +223,6 @@ class APIServer:
             f"--requestheader-client-ca-file={c / 'front-proxy-ca.crt'}",
             "--requestheader-allowed-names=front-proxy-client",
             "--requestheader-username-headers=X-Remote-User",
-            "--requestheader-uid-headers=X-Remote-Uid",
             "--requestheader-group-headers=X-Remote-Group",
             "--requestheader-extra-headers-prefix=X-Remote-Extra-",
             f"--proxy-client-cert-file={c / 'front-proxy-client.crt'}",
@@ -221,25 +232,23 @@ class APIServer:
             "--audit-log-format=json",
             "--audit-log-mode=blocking",
             "--profiling=false",
-            # the kubernetes Service endpoints cannot be a loopback address; nothing here needs them
-            "--endpoint-reconciler-type=none",
+            # the kubernetes Service's endpoints cannot be a loopback address (`endpoints` needs another)
+            f"--endpoint-reconciler-type={'lease' if self.endpoints else 'none'}",
             "--v=1",
         ]
+        if self.minor >= 32:
+            f.append("--requestheader-uid-headers=X-Remote-Uid")  # the flag is new in v1.32
         if self.runtime_config:
             f.append(f"--runtime-config={self.runtime_config}")
-        if self.mvp:
+        gates = {"UnknownVersionInteroperabilityProxy": self.mvp or self.advertise, **self.feature_gates}
+        f.append("--feature-gates=" + ",".join(f"{k}={str(v).lower()}" for k, v in gates.items()))
+        if self.mvp or self.advertise:
             # The built-in Mixed Version Proxy (KEP-4020): beta and default-on in 1.36, but active
-            # only with --peer-ca-file; alpha (off by default) in 1.35.
-            f += ["--feature-gates=UnknownVersionInteroperabilityProxy=true",
-                  f"--peer-ca-file={c / 'ca.crt'}",
-                  "--peer-advertise-ip=127.0.0.1",
-                  f"--peer-advertise-port={self.port}"]
-        elif self.advertise:
-            f += ["--feature-gates=UnknownVersionInteroperabilityProxy=true",
-                  "--peer-advertise-ip=127.0.0.1",
-                  f"--peer-advertise-port={self.port}"]
-        else:
-            f.append("--feature-gates=UnknownVersionInteroperabilityProxy=false")
+            # only with --peer-ca-file; alpha (off by default) before. `advertise` alone writes the
+            # lease annotation without turning the proxy on.
+            f += [f"--peer-advertise-ip={self.address}", f"--peer-advertise-port={self.port}"]
+        if self.mvp:
+            f.append(f"--peer-ca-file={c / 'ca.crt'}")
         return f + list(self.extra_flags)
 
     def start(self):
@@ -403,8 +412,10 @@ class ControlPlane:
     """etcd + apiservers (+ the wardle backend), started in order, stopped in reverse."""
 
     def __init__(self, workdir: Path, servers: list[tuple[str, str, str]], mvp: bool = False,
-                 kubectl: str | None = None, advertise: bool = False):
-        """servers: (name, version, runtime_config); advertise: see APIServer.advertise."""
+                 kubectl: str | None = None, advertise: bool = False, options: dict | None = None):
+        """servers: (name, version, runtime_config); advertise: see APIServer.advertise; options:
+        name -> more APIServer fields for that server (address, port, endpoints, feature_gates, ...)."""
+        self.options = dict(options or {})
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.certs = make_certs(self.workdir / "pki")
@@ -418,15 +429,16 @@ class ControlPlane:
         self.advertise = advertise
         self.servers = {name: self._server(name, version, rc) for name, version, rc in servers}
 
-    def _server(self, name: str, version: str, runtime_config: str) -> APIServer:
+    def _server(self, name: str, version: str, runtime_config: str, **options) -> APIServer:
+        options = {"mvp": self.mvp, "advertise": self.advertise, **self.options.get(name, {}), **options}
         return APIServer(name, version, self.workdir / f"apiserver-{name}", self.certs,
-                         f"http://127.0.0.1:{self.etcd_port}", runtime_config=runtime_config, mvp=self.mvp,
-                         advertise=self.advertise)
+                         f"http://127.0.0.1:{self.etcd_port}", runtime_config=runtime_config, **options)
 
     def add_server(self, name: str, version: str = DEFAULT_VERSION, runtime_config: str = "",
-                   timeout: float = 180.0) -> APIServer:
-        """Start one more kube-apiserver on the running etcd and wait until it is ready."""
-        s = self._server(name, version, runtime_config)
+                   timeout: float = 180.0, **options) -> APIServer:
+        """Start one more kube-apiserver on the running etcd and wait until it is ready (options: more
+        APIServer fields)."""
+        s = self._server(name, version, runtime_config, **options)
         self.servers[name] = s
         s.start()
         s.wait_ready(self.admin_token, self.ca, timeout=timeout)

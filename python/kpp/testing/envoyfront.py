@@ -42,8 +42,8 @@ def bootstrap(cp: ControlPlane, local: APIServer, peers: list[APIServer], listen
     cfg["discovery_headers"] = {"authorization": f"Bearer {cp.tokens['kpp-discovery']}"}
     cfg.update(plugin or {})
     text = render.render_bootstrap(
-        node=local.name, listen_port=listen, admin_port=admin, local=("127.0.0.1", local.port),
-        peers=[] if leases is not None else [(p.name, "127.0.0.1", p.port) for p in peers],
+        node=local.name, listen_port=listen, admin_port=admin, local=(local.address, local.port),
+        peers=[] if leases is not None else [(p.name, p.address, p.port) for p in peers],
         wasm_path=str(harness.wasm_path()), plugin=cfg, upstream_tls_sni=SNI, upstream_ca=str(cp.ca), leases=leases)
     b = json.loads(text)
     chain = b["static_resources"]["listeners"][0]["filter_chains"][0]

@@ -288,11 +288,14 @@ class KubeadmNode:
     kubeadm_command: list = field(default_factory=list)
     envoy_yaml: str = ""
     deploy_config: list = field(default_factory=list)
+    # Inside kpp.testing.netns: the node IP is a real address there (198.18.0.<10+index>), given to kubeadm
+    # as the advertise address, and the endpoint reconciler runs (it refuses loopback addresses).
+    netns: bool = False
 
     # addresses
     @property
     def node_ip(self) -> str:
-        return f"127.0.0.{10 + self.index}"
+        return f"198.18.0.{10 + self.index}" if self.netns else f"127.0.0.{10 + self.index}"
 
     @property
     def apiserver_ip(self) -> str:
@@ -300,8 +303,8 @@ class KubeadmNode:
 
     @property
     def doc_ip(self) -> str:
-        """What kubeadm believes the node's address is; never contacted."""
-        return f"192.0.2.{10 + self.index}"
+        """What kubeadm believes the node's address is; never contacted (in a netns: the node IP)."""
+        return self.node_ip if self.netns else f"192.0.2.{10 + self.index}"
 
     @property
     def hostname(self) -> str:
@@ -426,8 +429,8 @@ class KubeadmNode:
             "--audit-log-path": str(self.audit_log),
             "--audit-log-format": "json",
             "--audit-log-mode": "blocking",
-            # the kubernetes Service endpoints cannot be a loopback address
-            "--endpoint-reconciler-type": "none",
+            # the kubernetes Service endpoints cannot be a loopback address (kubeadm's default, lease, in a netns)
+            "--endpoint-reconciler-type": "lease" if self.netns else "none",
             # the built-in Mixed Version Proxy stays off: kube-peer-proxy is the one
             "--feature-gates": "UnknownVersionInteroperabilityProxy=false",
             "--profiling": "false",
@@ -597,9 +600,11 @@ class KubeadmCluster:
     """etcd + N kubeadm nodes (apiserver + Envoy each); start() in order, stop() in reverse."""
 
     def __init__(self, workdir: Path, nodes: list[tuple[str, str]], version: str = DEFAULT_VERSION,
-                 wasm: Path | None = None, kubectl: str | None = None, first_index: int = 1):
+                 wasm: Path | None = None, kubectl: str | None = None, first_index: int = 1, netns: bool = False):
         """nodes: (name, runtime_config), indexed first_index.. in order (the index picks the node's
-        loopback addresses, so clusters with disjoint indexes can run side by side)."""
+        loopback addresses, so clusters with disjoint indexes can run side by side); netns: see
+        KubeadmNode.netns (the caller runs inside kpp.testing.netns)."""
+        self.netns = netns
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.kubectl = kubectl or str(harness.tool("kubectl"))
@@ -609,7 +614,7 @@ class KubeadmCluster:
         self.token_file = self.workdir / "tokens.csv"
         self.token_file.write_text(f'{self.token},{TOKEN_USER},kpp-token-uid,"{TOKEN_GROUP}"\n')
         self.nodes = {name: KubeadmNode(name, i + first_index, self.workdir / name, self.etcd.url, version, rc,
-                                        token_file=self.token_file)
+                                        token_file=self.token_file, netns=netns)
                       for i, (name, rc) in enumerate(nodes)}
         self.timings: dict[str, float] = {}
         self.rbac_source = ""
