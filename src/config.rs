@@ -18,32 +18,65 @@ pub struct Peer {
     pub cluster: String,
 }
 
+/// Where lease mode learns its members (`lease_discovery.source`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum MembershipSource {
+    /// The `kube-system` identity leases (`"identity_leases"`, the default): addresses from their
+    /// annotation (v1.36+) or `hosts`.
+    #[default]
+    IdentityLeases,
+    /// The EndpointSlice `default/kubernetes` that every kube-apiserver's lease endpoint reconciler
+    /// keeps (`"kubernetes_endpoints"`): live advertise addresses on any version, no per-node list.
+    KubernetesEndpoints,
+}
+
+impl MembershipSource {
+    /// The configuration value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MembershipSource::IdentityLeases => "identity_leases",
+            MembershipSource::KubernetesEndpoints => "kubernetes_endpoints",
+        }
+    }
+
+    fn parse(s: &str) -> Option<MembershipSource> {
+        [MembershipSource::IdentityLeases, MembershipSource::KubernetesEndpoints]
+            .into_iter()
+            .find(|m| m.as_str() == s)
+    }
+}
+
 /// Lease mode: peers are the apiservers whose identity leases are live (upstream's peer discovery,
 /// `staging/src/k8s.io/apiserver/pkg/util/peerproxy/peer_discovery.go`), reached through one
-/// address-picked cluster instead of one configured cluster each.
+/// address-picked cluster instead of one configured cluster each; or the servers the EndpointSlice
+/// `default/kubernetes` lists ([`MembershipSource::KubernetesEndpoints`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseDiscovery {
+    /// What the members are read from.
+    pub source: MembershipSource,
     /// An Envoy `ORIGINAL_DST` cluster that takes its destination from `address_header`.
     pub cluster: String,
     /// The header that cluster reads (`original_dst_lb_config.http_header_name`). Only the filter
     /// sets it, only to addresses learned from leases; clients' copies are stripped.
     pub address_header: String,
     /// What identifies the local apiserver's own lease (by its `kubernetes.io/hostname` label or
-    /// its advertised address); at least one is required.
+    /// its advertised address); at least one is required. From the EndpointSlice only the
+    /// address's IP (required), since the slice lists IPs.
     pub local_hostname: Option<String>,
     pub local_address: Option<String>,
     /// `hostname → ip:port` for servers that do not write the peer-advertise-address annotation.
     pub hosts: Vec<(String, String)>,
     /// Reach a peer at its annotation's host on this port instead of the advertised port, which
     /// kube-apiserver always fills from `--secure-port` (in kubeadm's layout, Envoy's client
-    /// listener); `None` keeps the advertised port.
+    /// listener); `None` keeps the advertised port (the slice's `https` port from the EndpointSlice).
     pub peer_port: Option<u16>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     /// Name of the local apiserver in metrics, logs and merged discovery's name order. In lease
-    /// mode with `local_hostname` it is that hostname (what the peers call this server).
+    /// mode with `local_hostname` it is that hostname (what the peers call this server); with the
+    /// EndpointSlice, `local_address`'s IP.
     pub local_name: String,
     /// Envoy cluster of the local apiserver (the route's default cluster).
     pub local_cluster: String,
@@ -62,7 +95,7 @@ pub struct Config {
     pub max_discovery_bytes: usize,
     /// Answer aggregated `/apis` and `/api` with the union of every member's last-known APIs.
     pub merged_discovery: bool,
-    /// Peers from identity leases instead of `peers`.
+    /// Peers from identity leases (or the EndpointSlice `default/kubernetes`) instead of `peers`.
     pub lease_discovery: Option<LeaseDiscovery>,
     /// Assert verified client certificates' identity to the apiservers in these request headers
     /// (the apiservers' `--requestheader-*` names); clients' copies of them are always removed.
@@ -118,6 +151,7 @@ pub const IDENTITY_FIELDS: &[&str] = &[
 
 /// The fields of `lease_discovery`.
 pub const LEASE_FIELDS: &[&str] = &[
+    "source",
     "cluster",
     "address_header",
     "local_hostname",
@@ -194,6 +228,24 @@ impl Config {
         }
         c.peers = peers(obj, &c)?;
         c.lease_discovery = lease_discovery(obj, &c)?;
+        // From the EndpointSlice every peer is named by its IP, so the other nodes name this server
+        // by local_address's IP: local_name must be that, for the same reasons as below.
+        if let Some(ip) = c
+            .lease_discovery
+            .as_ref()
+            .and_then(LeaseDiscovery::endpoints_local_name)
+        {
+            match obj.get("local_name") {
+                None => c.local_name = ip,
+                Some(_) if c.local_name == ip => {}
+                Some(_) => {
+                    return Err(format!(
+                        "local_name: {:?} differs from lease_discovery.local_address's IP {ip:?}; with source \"kubernetes_endpoints\" the peers name this server by its IP, so leave local_name out or set it to {ip:?}",
+                        c.local_name
+                    ))
+                }
+            }
+        }
         // Lease mode names every peer by its lease's hostname label, so the other nodes name this
         // server by local_hostname: the local name must be the same, or the nodes disagree on names
         // (merged discovery's precedence is name order; metrics and the status view label by name).
@@ -227,6 +279,18 @@ impl Config {
         std::iter::once(self.local_cluster.as_str())
             .chain(self.peers.iter().map(|p| p.cluster.as_str()))
             .chain(self.lease_discovery.iter().map(|l| l.cluster.as_str()))
+    }
+}
+
+impl LeaseDiscovery {
+    /// The local server's name when members come from the EndpointSlice: local_address's IP as
+    /// text (canonical), the name every peer gives it; `None` in identity-lease mode.
+    pub fn endpoints_local_name(&self) -> Option<String> {
+        if self.source != MembershipSource::KubernetesEndpoints {
+            return None;
+        }
+        let addr: std::net::SocketAddr = self.local_address.as_deref()?.parse().ok()?;
+        Some(addr.ip().to_string())
     }
 }
 
@@ -291,6 +355,29 @@ fn lease_discovery(obj: &Map<String, Value>, c: &Config) -> Result<Option<LeaseD
         }
     }
     let field = |e: String| format!("lease_discovery.{e}");
+    let source = match string(o, "source").map_err(field)? {
+        None => MembershipSource::default(),
+        Some(s) => MembershipSource::parse(&s).ok_or_else(|| {
+            format!("lease_discovery.source: {s:?} is not one of \"identity_leases\", \"kubernetes_endpoints\"")
+        })?,
+    };
+    let endpoints = source == MembershipSource::KubernetesEndpoints;
+    if endpoints {
+        // The slice lists IPs only: no hostname to match, and no name a hosts entry could give.
+        for k in ["local_hostname", "hosts"] {
+            if o.contains_key(k) {
+                return Err(format!(
+                    "lease_discovery.{k}: not used with source \"kubernetes_endpoints\" (the EndpointSlice lists only IPs; the local server is recognised by local_address and peers are reached at their listed IP), remove it"
+                ));
+            }
+        }
+        if !o.contains_key("local_address") {
+            return Err(
+                "lease_discovery.local_address: missing (with source \"kubernetes_endpoints\" the local server is recognised in the EndpointSlice by this address's IP: the apiserver's --advertise-address)"
+                    .into(),
+            );
+        }
+    }
     let cluster = string(o, "cluster")
         .map_err(field)?
         .ok_or("lease_discovery.cluster: missing")?;
@@ -360,6 +447,7 @@ fn lease_discovery(obj: &Map<String, Value>, c: &Config) -> Result<Option<LeaseD
         }
     };
     Ok(Some(LeaseDiscovery {
+        source,
         cluster,
         address_header,
         local_hostname,

@@ -596,6 +596,54 @@ fn rejections_name_the_field() {
             contains: "expected a port number",
         },
         Bad {
+            desc: "lease_discovery source unknown",
+            json: r#"{"local_cluster":"a","lease_discovery":{"source":"endpoints","cluster":"p","local_hostname":"h"}}"#,
+            field: "lease_discovery.source",
+            contains: "not one of \"identity_leases\", \"kubernetes_endpoints\"",
+        },
+        Bad {
+            desc: "lease_discovery source not a string",
+            json: r#"{"local_cluster":"a","lease_discovery":{"source":1,"cluster":"p","local_hostname":"h"}}"#,
+            field: "lease_discovery.source",
+            contains: "expected a string",
+        },
+        Bad {
+            desc: "kubernetes_endpoints without local_address",
+            json: r#"{"local_cluster":"a","lease_discovery":{"source":"kubernetes_endpoints","cluster":"p"}}"#,
+            field: "lease_discovery.local_address",
+            contains: "missing",
+        },
+        Bad {
+            desc: "kubernetes_endpoints with local_hostname",
+            json: r#"{"local_cluster":"a","lease_discovery":{"source":"kubernetes_endpoints","cluster":"p","local_address":"10.0.0.1:6443","local_hostname":"cp-1"}}"#,
+            field: "lease_discovery.local_hostname",
+            contains: "not used with source \"kubernetes_endpoints\"",
+        },
+        Bad {
+            desc: "kubernetes_endpoints with hosts",
+            json: r#"{"local_cluster":"a","lease_discovery":{"source":"kubernetes_endpoints","cluster":"p","local_address":"10.0.0.1:6443","hosts":{}}}"#,
+            field: "lease_discovery.hosts",
+            contains: "not used with source \"kubernetes_endpoints\"",
+        },
+        Bad {
+            desc: "kubernetes_endpoints local_address without port",
+            json: r#"{"local_cluster":"a","lease_discovery":{"source":"kubernetes_endpoints","cluster":"p","local_address":"10.0.0.1"}}"#,
+            field: "lease_discovery.local_address",
+            contains: "not an ip:port",
+        },
+        Bad {
+            desc: "kubernetes_endpoints, a local_name other than the IP the peers name this server by",
+            json: r#"{"local_cluster":"a","local_name":"cp-1","lease_discovery":{"source":"kubernetes_endpoints","cluster":"p","local_address":"10.0.0.1:6443"}}"#,
+            field: "local_name",
+            contains: "differs from lease_discovery.local_address's IP \"10.0.0.1\"",
+        },
+        Bad {
+            desc: "kubernetes_endpoints, local_name an IPv6 literal not in canonical form",
+            json: r#"{"local_cluster":"a","local_name":"FD00:0::1","lease_discovery":{"source":"kubernetes_endpoints","cluster":"p","local_address":"[fd00::1]:6443"}}"#,
+            field: "local_name",
+            contains: "\"fd00::1\"",
+        },
+        Bad {
             desc: "client_identity not an object",
             json: r#"{"local_cluster":"a","client_identity":true}"#,
             field: "client_identity",
@@ -791,6 +839,41 @@ fn lease_mode_names_the_local_server_by_its_lease_hostname() {
     assert_eq!(parse(r#"{"local_cluster":"l","local_name":"a"}"#).local_name, "a");
     let by_address = r#"{"local_cluster":"l","lease_discovery":{"cluster":"p","local_address":"10.0.0.1:6443"}}"#;
     assert_eq!(parse(by_address).local_name, "local");
+}
+
+/// From the EndpointSlice every member is named by its IP (src/discovery/endpoints.rs), so the local
+/// server is named by local_address's IP, canonical, as the peers see it in the slice.
+#[test]
+fn kubernetes_endpoints_source_names_the_local_server_by_its_ip() {
+    use kube_peer_proxy::config::MembershipSource;
+    let parse = |json: &str| Config::parse(json.as_bytes()).expect(json);
+    let c = parse(
+        r#"{"local_cluster":"l","lease_discovery":{"source":"kubernetes_endpoints","cluster":"p","local_address":"10.0.0.1:6443"}}"#,
+    );
+    let l = c.lease_discovery.clone().expect("lease_discovery");
+    assert_eq!(l.source, MembershipSource::KubernetesEndpoints);
+    assert_eq!(l.local_address.as_deref(), Some("10.0.0.1:6443"));
+    assert_eq!((l.local_hostname, l.hosts, l.peer_port), (None, Vec::new(), None));
+    assert_eq!(c.local_name, "10.0.0.1");
+    let same = parse(
+        r#"{"local_cluster":"l","local_name":"10.0.0.1","lease_discovery":{"source":"kubernetes_endpoints","cluster":"p","local_address":"10.0.0.1:6443"}}"#,
+    );
+    assert_eq!(same, c);
+    let v6 = parse(
+        r#"{"local_cluster":"l","lease_discovery":{"source":"kubernetes_endpoints","cluster":"p","local_address":"[FD00:0:0::1]:6443","peer_port":6444}}"#,
+    );
+    assert_eq!(v6.local_name, "fd00::1", "canonical, as every peer writes it");
+    assert_eq!(v6.lease_discovery.expect("lease_discovery").peer_port, Some(6444));
+    // Absent means identity leases, today's behaviour; naming it changes nothing.
+    let leases = r#"{"local_cluster":"l","lease_discovery":{"cluster":"p","local_hostname":"cp-1","local_address":"10.0.0.1:6443"}}"#;
+    let default = parse(leases);
+    assert_eq!(
+        default.lease_discovery.as_ref().map(|l| l.source),
+        Some(MembershipSource::IdentityLeases)
+    );
+    assert_eq!(default.local_name, "cp-1");
+    let named = leases.replace(r#"{"cluster""#, r#"{"source":"identity_leases","cluster""#);
+    assert_eq!(parse(&named), default);
 }
 
 #[test]

@@ -1598,3 +1598,222 @@ fn a_body_that_cannot_be_read_to_its_end_is_a_decode_error_and_the_last_good_dat
         to(PEER_B, "resource.k8s.io", "v1", "resourceclaims")
     );
 }
+
+// --- Membership from the EndpointSlice default/kubernetes -----------------------------------------
+
+const SLICE_CONFIG: &str = r#"{
+    "local_cluster": "local",
+    "lease_discovery": {"source": "kubernetes_endpoints", "cluster": "peers-by-address",
+                        "address_header": "x-kube-peer-proxy-peer-address", "local_address": "127.0.0.11:6443"},
+    "refresh_interval": "1s",
+    "fetch_timeout": "1s",
+    "staleness_limit": "3s"
+}"#;
+
+const SLICE: &str = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/kubernetes";
+
+/// The slice as kube-apiserver's lease endpoint reconciler writes it, with these IPs (port 6443).
+fn endpoint_slice(ips: &[&str]) -> Option<Outcome> {
+    let endpoints: Vec<serde_json::Value> = ips
+        .iter()
+        .map(|ip| serde_json::json!({"addresses": [ip], "conditions": {"ready": true}}))
+        .collect();
+    let body = serde_json::json!({
+        "kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1",
+        "metadata": {"name": "kubernetes", "namespace": "default", "resourceVersion": "1",
+                     "labels": {"kubernetes.io/service-name": "kubernetes"}},
+        "addressType": "IPv4",
+        "endpoints": if endpoints.is_empty() { serde_json::Value::Null } else { endpoints.into() },
+        "ports": [{"name": "https", "protocol": "TCP", "port": 6443}]
+    });
+    response(200, "application/json", body.to_string().as_bytes())
+}
+
+fn names(t: &Table) -> Vec<&str> {
+    t.servers.iter().map(|x| x.name.as_str()).collect()
+}
+
+fn fetched_at<'a>(r: &'a Round, address: &str) -> BTreeSet<&'a str> {
+    r.fetches
+        .iter()
+        .filter(|f| header(f, LEASE_ADDRESS_HEADER) == Some(address))
+        .map(Fetch::path)
+        .collect()
+}
+
+#[test]
+fn endpoints_mode_members_join_leave_and_are_replaced_within_a_round() {
+    let config = Config::parse(SLICE_CONFIG.as_bytes()).expect("config");
+    assert_eq!(config.local_name, "127.0.0.11", "named by its IP, as the peers name it");
+    let mut s = Syncer::new(&config);
+    let mut fake = lease_fake();
+    fake.set("local", SLICE, endpoint_slice(&["127.0.0.11", "127.0.0.12"]));
+    let r = round(&mut s, &fake, 1_000);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    let slice_fetch = r.fetches.iter().find(|f| f.path() == SLICE).expect("slice fetched");
+    assert_eq!(slice_fetch.cluster, "local", "read through the local apiserver");
+    assert_eq!(header(slice_fetch, "accept"), Some("application/json"));
+    assert_eq!(header(slice_fetch, LEASE_ADDRESS_HEADER), None);
+    assert!(
+        r.fetches.iter().all(|f| f.path() != LEASES),
+        "no identity lease list in this mode"
+    );
+    assert_eq!(
+        fetched_at(&r, "127.0.0.12:6443"),
+        BTreeSet::from(["/api", "/apis"]),
+        "a new member is fetched in the round that found it"
+    );
+    assert!(
+        fetched_at(&r, "127.0.0.11:6443").is_empty(),
+        "never this server through the peer cluster"
+    );
+    let t = r.publish.expect("snapshot").table;
+    assert_eq!(names(&t), ["127.0.0.11", "127.0.0.12"]);
+    assert!(!t.membership_unknown);
+    assert_eq!(t.servers[1].address.as_deref(), Some("127.0.0.12:6443"));
+    assert_eq!(
+        route(&t, "GET", "/apis/resource.k8s.io/v1/resourceclaims"),
+        to(1, "resource.k8s.io", "v1", "resourceclaims")
+    );
+
+    // Replaced: .12 leaves the slice, .14 joins; .14 is fetched and routed to in this round.
+    fake.set("local", SLICE, endpoint_slice(&["127.0.0.11", "127.0.0.14"]));
+    let r = round(&mut s, &fake, 2_000);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!(fetched_at(&r, "127.0.0.14:6443"), BTreeSet::from(["/api", "/apis"]));
+    let t = r.publish.expect("snapshot").table;
+    assert_eq!(names(&t), ["127.0.0.11", "127.0.0.14"]);
+    assert_eq!(t.known_groups, 0b11);
+    assert_eq!(
+        route(&t, "GET", "/apis/resource.k8s.io/v1/resourceclaims"),
+        Decision::Local(LocalReason::NotServedAnywhere),
+        "only the member that left served it"
+    );
+
+    // .14 leaves (graceful shutdown or an expired master lease): dropped when the round ends.
+    fake.set("local", SLICE, endpoint_slice(&["127.0.0.11"]));
+    let r = round(&mut s, &fake, 3_000);
+    let t = r.publish.expect("snapshot").table;
+    assert_eq!(names(&t), ["127.0.0.11"]);
+
+    // A restart the slice shows as a leave and a join: a member that comes back starts unknown.
+    fake.set("local", SLICE, endpoint_slice(&["127.0.0.11", "127.0.0.12"]));
+    let r = round(&mut s, &fake, 4_000);
+    assert_eq!(fetched_at(&r, "127.0.0.12:6443"), BTreeSet::from(["/api", "/apis"]));
+    assert!(
+        r.fetches
+            .iter()
+            .filter(|f| header(f, LEASE_ADDRESS_HEADER) == Some("127.0.0.12:6443"))
+            .all(|f| header(f, "if-none-match").is_none()),
+        "nothing of the old member's cache survives"
+    );
+    assert_eq!(names(&r.publish.expect("snapshot").table), ["127.0.0.11", "127.0.0.12"]);
+}
+
+#[test]
+fn endpoints_mode_before_the_first_slice_membership_is_unknown() {
+    let mut s = Syncer::new(&Config::parse(SLICE_CONFIG.as_bytes()).expect("config"));
+    let mut fake = lease_fake();
+    // No slice (--endpoint-reconciler-type=none): the fake's default answer is the apiserver's 404.
+    let r = round(&mut s, &fake, 1_000);
+    assert_eq!(r.error_kinds(), [("127.0.0.11", "http_status")]);
+    let detail = &r.errors[0].detail;
+    assert!(
+        detail.contains("EndpointSlice default/kubernetes") && detail.contains("--endpoint-reconciler-type"),
+        "the log says what to check: {detail}"
+    );
+    let t = r.publish.expect("snapshot").table;
+    assert!(t.membership_unknown);
+    assert_eq!(names(&t), ["127.0.0.11"]);
+    // Even a resource nobody is known to serve is guarded: an unknown member may serve it.
+    assert_eq!(
+        route(&t, "GET", "/apis/nope.io/v1/things"),
+        guarded(LocalReason::NotServedAnywhere, "nope.io", "v1", "things")
+    );
+    // Not the slice: still unknown (and counted).
+    fake.set(
+        "local",
+        SLICE,
+        response(200, "application/json", br#"{"kind":"Status","code":404}"#),
+    );
+    let r = round(&mut s, &fake, 2_000);
+    assert_eq!(r.error_kinds(), [("127.0.0.11", "decode")]);
+    assert!(r.publish.is_none(), "nothing changed: still unknown");
+    // Forbidden: the message names the permission.
+    fake.set("local", SLICE, response(403, "application/json", b"{}"));
+    let r = round(&mut s, &fake, 3_000);
+    assert_eq!(r.error_kinds(), [("127.0.0.11", "http_status")]);
+    assert!(
+        r.errors[0].detail.contains("get endpointslices"),
+        "{}",
+        r.errors[0].detail
+    );
+    // A slice with nobody else in it: membership is known, and only this server serves anything.
+    fake.set("local", SLICE, endpoint_slice(&[]));
+    let r = round(&mut s, &fake, 4_000);
+    let t = r.publish.expect("membership known").table;
+    assert!(!t.membership_unknown);
+    assert_eq!(
+        route(&t, "GET", "/apis/nope.io/v1/things"),
+        Decision::Local(LocalReason::NotServedAnywhere)
+    );
+}
+
+#[test]
+fn endpoints_mode_a_missing_or_malformed_slice_keeps_the_last_good_membership() {
+    let mut s = Syncer::new(&Config::parse(SLICE_CONFIG.as_bytes()).expect("config"));
+    let mut fake = lease_fake();
+    fake.set(
+        "local",
+        SLICE,
+        endpoint_slice(&["127.0.0.11", "127.0.0.12", "127.0.0.14"]),
+    );
+    let r = round(&mut s, &fake, 1_000);
+    let good = r.publish.expect("snapshot").table;
+    assert_eq!(names(&good), ["127.0.0.11", "127.0.0.12", "127.0.0.14"]);
+    let bad_address = {
+        let Some(Outcome::Response { body, .. }) = endpoint_slice(&["127.0.0.11", "127.0.0.12"]) else {
+            unreachable!()
+        };
+        String::from_utf8(body.to_vec())
+            .expect("utf-8")
+            .replace("127.0.0.12", "cp-2")
+    };
+    let cases: Vec<(&str, Option<Outcome>, &str)> = vec![
+        ("404", response(404, "application/json", br#"{"kind":"Status","code":404}"#), "http_status"),
+        ("500", response(500, "application/json", b"{}"), "http_status"),
+        ("unreachable", Some(Outcome::Unreachable), "unreachable"),
+        ("not JSON", response(200, "application/json", b"<html>"), "decode"),
+        (
+            "another slice",
+            response(
+                200,
+                "application/json",
+                br#"{"kind":"EndpointSlice","metadata":{"name":"kubernetes-v6"},"addressType":"IPv6","endpoints":null}"#,
+            ),
+            "decode",
+        ),
+        ("a hostname in it", response(200, "application/json", bad_address.as_bytes()), "decode"),
+    ];
+    for (i, (desc, outcome, kind)) in cases.into_iter().enumerate() {
+        fake.set("local", SLICE, outcome);
+        let r = round(&mut s, &fake, 2_000 + 1_000 * i as u64);
+        assert_eq!(r.error_kinds(), [("127.0.0.11", kind)], "{desc}");
+        // Every member is still asked, and still a member.
+        for peer in ["127.0.0.12:6443", "127.0.0.14:6443"] {
+            assert_eq!(
+                fetched_at(&r, peer),
+                BTreeSet::from(["/api", "/apis"]),
+                "{desc}: {peer}"
+            );
+        }
+        if let Some(p) = r.publish {
+            assert_eq!(names(&p.table), names(&good), "{desc}");
+            assert!(!p.table.membership_unknown, "{desc}");
+        }
+    }
+    // A good slice again applies at once.
+    fake.set("local", SLICE, endpoint_slice(&["127.0.0.11", "127.0.0.14"]));
+    let r = round(&mut s, &fake, 10_000);
+    assert_eq!(names(&r.publish.expect("snapshot").table), ["127.0.0.11", "127.0.0.14"]);
+}

@@ -24,6 +24,7 @@ fn config(lease: bool) -> Config {
             cluster: "peer-b".into(),
         }],
         lease_discovery: lease.then(|| LeaseDiscovery {
+            source: Default::default(),
             cluster: "leased".into(),
             address_header: "x-kpp-address".into(),
             local_hostname: Some("a".into()),

@@ -78,7 +78,7 @@ pub struct Changes {
 }
 
 /// `null` and a missing field both mean the default, as Go's decoder treats them.
-fn nullable<'de, D: Deserializer<'de>, T: Deserialize<'de> + Default>(d: D) -> Result<T, D::Error> {
+pub(crate) fn nullable<'de, D: Deserializer<'de>, T: Deserialize<'de> + Default>(d: D) -> Result<T, D::Error> {
     Option::<T>::deserialize(d).map(Option::unwrap_or_default)
 }
 

@@ -859,3 +859,70 @@ def test_with_resource_adds_a_listed_type_to_a_copy(cluster):
     assert builtin_apiset("new").resource("only.example.com", "v1", "gadgets") is None
     with pytest.raises(ValueError):
         with_resource("old", "apps", "v1", "deployments", "Deployment")
+
+
+SLICE = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/kubernetes"
+
+
+def shape(v):
+    """The JSON structure with every scalar replaced by its type: keys in their order, lists by length."""
+    if isinstance(v, dict):
+        return [(k, shape(x)) for k, x in v.items()]
+    if isinstance(v, list):
+        return [shape(x) for x in v]
+    return type(v).__name__
+
+
+def test_instances_on_other_loopback_addresses_share_one_port(cluster):
+    a = cluster.start("a", host="127.0.0.11", apiset="old")
+    b = cluster.start("b", host="127.0.0.12", port=a.port, apiset="new")
+    assert (a.url, b.url) == (f"http://127.0.0.11:{a.port}", f"http://127.0.0.12:{a.port}")
+    for inst in (a, b):
+        conn = http.client.HTTPConnection(inst.host, inst.port, timeout=5)
+        conn.request("GET", "/api", headers={"Accept": "application/json"})
+        resp = conn.getresponse()
+        assert resp.headers["x-fake-apiserver"] == inst.name
+        assert json.loads(resp.read())["serverAddressByClientCIDRs"][0]["serverAddress"] == f"{inst.host}:{a.port}"
+        conn.close()
+    assert cluster.restart("b").url == b.url
+
+
+def test_kubernetes_endpoint_slice_as_the_lease_reconciler_writes_it(cluster, old, new):
+    """The slice a real v1.36.3 apiserver wrote (the captured fixture) and the fake's have the same structure,
+    key order included; it is read through any instance, at its real path."""
+    r = get(old, SLICE)
+    assert r.status == 404 and r.json()["reason"] == "NotFound", r.body  # no reconciler yet
+    cluster.set_kubernetes_endpoints(["198.18.0.13", "198.18.0.11", "198.18.0.12"], 6443)
+    r = get(new, SLICE)
+    assert r.status == 200 and r.headers["Content-Type"] == "application/json"
+    real = fixture("endpointslice_kubernetes.k8s-1.36.3.ipv4.json")
+    assert shape(r.json()) == shape(real)
+    assert {k: r.json()[k] for k in ("addressType", "endpoints", "ports")} == \
+           {k: real[k] for k in ("addressType", "endpoints", "ports")}, "same IPs, same port: same content"
+    assert r.json()["metadata"]["generation"] == 1
+    # Updated in place (a new generation, the same uid); IPs in string order; an empty list is null.
+    cluster.set_kubernetes_endpoints(["fd00:198:18::12", "fd00:198:18::11"], 6443, not_ready=["fd00:198:18::12"])
+    v6 = get(old, SLICE).json()
+    assert (v6["metadata"]["generation"], v6["metadata"]["uid"]) == (2, r.json()["metadata"]["uid"])
+    assert v6["addressType"] == "IPv6"
+    assert v6["endpoints"] == [{"addresses": ["fd00:198:18::11"], "conditions": {"ready": True}},
+                               {"addresses": ["fd00:198:18::12"], "conditions": {"ready": False}}]
+    cluster.set_kubernetes_endpoints([], 6443)
+    assert b'"endpoints":null' in get(old, SLICE).body
+    for bad in ([["10.0.0.1", "fd00::1"], 6443], [["cp-1"], 6443], [["10.0.0.1"], 0], [["10.0.0.1"], True]):
+        with pytest.raises(ValueError):
+            cluster.set_kubernetes_endpoints(*bad)
+    cluster.delete_kubernetes_endpoints()
+    assert get(new, SLICE).status == 404
+
+
+def test_kubernetes_endpoints_control(cluster, old):
+    r = call(old, "POST", "/__fake/kubernetes-endpoints", {"addresses": ["10.0.0.2", "10.0.0.1"], "port": 6443})
+    assert r.status == 200 and [e["addresses"] for e in r.json()["endpoints"]] == [["10.0.0.1"], ["10.0.0.2"]]
+    assert get(old, SLICE).json() == r.json()
+    assert get(old, "/__fake/kubernetes-endpoints").json() == r.json()
+    assert call(old, "POST", "/__fake/kubernetes-endpoints", {"addresses": ["nope"], "port": 1}).status == 400
+    assert call(old, "POST", "/__fake/kubernetes-endpoints", {"port": 1}).status == 400
+    assert call(old, "DELETE", "/__fake/kubernetes-endpoints").status == 404
+    assert get(old, SLICE).status == 404
+    assert old.requests() and all(not q["path"].startswith("/__fake") for q in old.requests())

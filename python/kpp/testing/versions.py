@@ -76,9 +76,10 @@ STEPS = [
     # MutatingAdmissionPolicy's v1beta1, as after an upgrade that drops a beta API the old version had on.
     Step("1.35-to-1.36", Side("v1.35.4", "admissionregistration.k8s.io/v1beta1=true"), Side("v1.36.3"),
          "the previous step (1.36 writes identity-lease addresses)"),
-    Step("1.36-to-1.37", Side("v1.36.3"), Side("v1.37.2"), "the next step users take, built-in proxy off",
-         membership=True),
-    Step("1.36-to-1.37-builtin-mvp", Side("v1.36.3"), Side("v1.37.2"),
+    # The same holds for v1.37.2 over v1.36.3: the old server serves admissionregistration's v1beta1 again.
+    Step("1.36-to-1.37", Side("v1.36.3", "admissionregistration.k8s.io/v1beta1=true"), Side("v1.37.2"),
+         "the next step users take, built-in proxy off", membership=True),
+    Step("1.36-to-1.37-builtin-mvp", Side("v1.36.3", "admissionregistration.k8s.io/v1beta1=true"), Side("v1.37.2"),
          "the same with the built-in proxy on in both servers", mvp=True),
 ]
 BY_ID = {s.id: s for s in STEPS}

@@ -1,22 +1,50 @@
 //! Lease membership: in lease mode the members are the servers whose identity lease is live
-//! (upstream `peer_discovery.go`; the lease list itself is parsed by [`crate::discovery::leases`]).
-//! A new lease is a member fetched at once; a changed holder is a restart (its API set is unknown
-//! again); a lease that is gone or expired leaves when the round ends.
+//! (upstream `peer_discovery.go`; the lease list itself is parsed by [`crate::discovery::leases`]),
+//! or, with `source: kubernetes_endpoints`, the IPs of the EndpointSlice `default/kubernetes`
+//! ([`crate::discovery::endpoints`], parsed into the same peers). A new lease is a member fetched at
+//! once; a changed holder is a restart (its API set is unknown again); a lease that is gone or
+//! expired leaves when the round ends. The slice has no holder: a restart there is a leave, then a join.
 
 use super::{Outcome, Part, Server, Step, SyncErrorKind, Syncer};
+use crate::config::MembershipSource;
+use crate::discovery::endpoints;
 use crate::discovery::leases::{self, LeasePeer};
 use crate::snapshot::{self, ServerRef};
 
 impl Syncer {
-    pub(super) fn interpret_leases(&self, outcome: Outcome) -> Result<Vec<LeasePeer>, (SyncErrorKind, String)> {
+    /// The membership document's answer as peers; an error keeps the last good membership.
+    pub(super) fn interpret_members(&self, outcome: Outcome) -> Result<Vec<LeasePeer>, (SyncErrorKind, String)> {
         let Some(config) = &self.leases else {
             return Err((SyncErrorKind::Decode, "lease mode is off".into()));
         };
+        let slice = config.source == MembershipSource::KubernetesEndpoints;
         let body = match outcome {
             Outcome::Response { status: 200, body, .. } => body,
+            // What to check, said where an operator reads it: the object is the reconciler's.
+            Outcome::Response { status: 404, .. } if slice => {
+                return Err((
+                    SyncErrorKind::HttpStatus,
+                    "HTTP 404: no EndpointSlice default/kubernetes; is the apiservers' --endpoint-reconciler-type none? (the last membership is kept)".into(),
+                ))
+            }
+            Outcome::Response { status: status @ (401 | 403), .. } if slice => {
+                return Err((
+                    SyncErrorKind::HttpStatus,
+                    format!("HTTP {status}: the discovery credential may not get EndpointSlice default/kubernetes (RBAC: get endpointslices.discovery.k8s.io in default)"),
+                ))
+            }
             Outcome::Response { status, .. } => return Err((SyncErrorKind::HttpStatus, format!("HTTP {status}"))),
             failed => return Err(self.no_answer(failed)),
         };
+        if slice {
+            let own = config
+                .local_address
+                .as_deref()
+                .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
+                .map(|a| a.ip());
+            return endpoints::parse_endpoint_slice(&body.to_vec(), own, config.peer_port)
+                .map_err(|e| (SyncErrorKind::Decode, e));
+        }
         let own = leases::Own {
             hostname: config.local_hostname.clone(),
             address: config.local_address.clone(),
@@ -36,7 +64,11 @@ impl Syncer {
         for s in self.servers.iter_mut().filter(|s| s.lease.is_some()) {
             let id = s.lease.as_ref().map(|l| l.id.clone()).unwrap_or_default();
             if !live.iter().any(|p| p.id == id) && !s.leaving {
-                log::info!("kube-peer-proxy: apiserver {} left (lease {id} gone)", s.reference.name);
+                let what = match config.source {
+                    MembershipSource::IdentityLeases => format!("lease {id} gone"),
+                    MembershipSource::KubernetesEndpoints => "gone from EndpointSlice default/kubernetes".into(),
+                };
+                log::info!("kube-peer-proxy: apiserver {} left ({what})", s.reference.name);
                 s.leaving = true;
             }
         }
@@ -72,7 +104,7 @@ impl Syncer {
                 None => {
                     if self.servers.len() >= snapshot::MAX_SERVERS {
                         log::warn!(
-                            "kube-peer-proxy: more than {} apiservers; lease {} ignored",
+                            "kube-peer-proxy: more than {} apiservers; member {} ignored",
                             snapshot::MAX_SERVERS,
                             p.id
                         );
@@ -83,9 +115,12 @@ impl Syncer {
                     } else {
                         p.hostname.clone()
                     };
+                    let what = match config.source {
+                        MembershipSource::IdentityLeases => format!("lease {}", p.id),
+                        MembershipSource::KubernetesEndpoints => "in EndpointSlice default/kubernetes".into(),
+                    };
                     log::info!(
-                        "kube-peer-proxy: apiserver {name} joined (lease {}, address {})",
-                        p.id,
+                        "kube-peer-proxy: apiserver {name} joined ({what}, address {})",
                         p.address.as_deref().unwrap_or("unknown")
                     );
                     let reference = ServerRef {

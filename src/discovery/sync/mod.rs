@@ -6,13 +6,15 @@
 //! that answers legacy discovery is walked through `/api/<v>` and `/apis/<g>/<v>`.
 //!
 //! Membership is separate from freshness: a member is every configured server, or in lease mode
-//! every server whose identity lease is live. What a member was last seen to serve is kept however
-//! old it gets (it is routed to only while fresh); `/api`, `/apis` and each legacy group/version
-//! are learned separately, so a partial answer counts for what it did answer.
+//! every server whose identity lease is live (or whose IP the EndpointSlice `default/kubernetes`
+//! lists). What a member was last seen to serve is kept however old it gets (it is routed to only
+//! while fresh); `/api`, `/apis` and each legacy group/version are learned separately, so a
+//! partial answer counts for what it did answer.
 //!
 //! This module holds the state; each job has its own file: `rounds` (scheduling: rounds, fetches,
-//! where each answer goes), `membership` (lease membership), [`answers`] (interpreting an
-//! answer), `legacy` (what an answer adds, and the legacy walk), `build` (the snapshot).
+//! where each answer goes), `membership` (lease or EndpointSlice membership), [`answers`]
+//! (interpreting an answer), `legacy` (what an answer adds, and the legacy walk), `build` (the
+//! snapshot).
 
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -244,8 +246,9 @@ enum Purpose {
     CoreVersion(usize),
     /// Index into the groups part's legacy walk.
     GroupVersion(usize),
-    /// The identity lease list (lease mode; fetched from the local server).
-    Leases,
+    /// The membership document (lease mode; fetched from the local server): the identity lease
+    /// list, or the EndpointSlice `default/kubernetes`.
+    Members,
 }
 
 /// A parsed document, cached with its ETag so a 304 can reuse it.
@@ -309,7 +312,7 @@ impl Part {
 #[derive(Debug)]
 struct Server {
     reference: ServerRef,
-    /// The identity lease that makes it a member (lease mode peers only).
+    /// The identity lease (or slice entry) that makes it a member (lease mode peers only).
     lease: Option<LeasePeer>,
     core: Part,
     groups: Part,
@@ -380,7 +383,8 @@ pub struct Syncer {
     builds: u64,
     last_built: Option<BuildInputs>,
     leases: Option<LeaseDiscovery>,
-    /// Lease mode: whether a lease list has ever been read (before that, membership is unknown).
+    /// Lease mode: whether a lease list (or EndpointSlice) has ever been read (before that,
+    /// membership is unknown).
     leases_listed: bool,
 }
 

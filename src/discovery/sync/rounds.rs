@@ -1,10 +1,12 @@
 //! Scheduling: when a round starts and ends, the fetches it makes, and where each answer goes
-//! (lease lists to [`super::membership`], documents to [`super::answers`] and [`super::legacy`]); a
-//! round that has every answer (or passed its deadline) ends in [`super::build`].
+//! (lease lists and the EndpointSlice to [`super::membership`], documents to [`super::answers`] and
+//! [`super::legacy`]); a round that has every answer (or passed its deadline) ends in
+//! [`super::build`].
 
 use super::legacy;
 use super::{Fetch, InFlight, Outcome, Purpose, Step, SyncError, SyncErrorKind, Syncer, Work, DISCOVERY_ACCEPT};
-use crate::discovery::leases;
+use crate::config::MembershipSource;
+use crate::discovery::{endpoints, leases};
 use crate::PEER_PROXIED_HEADER;
 
 impl Syncer {
@@ -34,10 +36,13 @@ impl Syncer {
         self.round_deadline_ms =
             Some(now_ms.saturating_add(self.fetch_timeout_ms.saturating_mul(2).saturating_add(500)));
         self.expire_leases(now_ms);
-        if self.leases.is_some() {
+        if let Some(source) = self.leases.as_ref().map(|l| l.source) {
             let local = self.servers.iter().position(|s| s.reference.local).unwrap_or(0);
-            step.fetches
-                .push(self.fetch(local, leases::LEASE_LIST_PATH.to_string(), Purpose::Leases));
+            let path = match source {
+                MembershipSource::IdentityLeases => leases::LEASE_LIST_PATH,
+                MembershipSource::KubernetesEndpoints => endpoints::ENDPOINT_SLICE_PATH,
+            };
+            step.fetches.push(self.fetch(local, path.to_string(), Purpose::Members));
         }
         for i in 0..self.servers.len() {
             self.start_server(i, &mut step);
@@ -58,7 +63,7 @@ impl Syncer {
     pub(super) fn fetch(&mut self, server: usize, path: String, purpose: Purpose) -> Fetch {
         let id = self.next_id;
         self.next_id += 1;
-        let accept = if purpose == Purpose::Leases {
+        let accept = if purpose == Purpose::Members {
             "application/json"
         } else {
             DISCOVERY_ACCEPT
@@ -74,7 +79,7 @@ impl Syncer {
         let address_header = self.leases.as_ref().map(|l| l.address_header.clone());
         let cluster = match self.servers.get_mut(server) {
             Some(s) => {
-                if purpose != Purpose::Leases {
+                if purpose != Purpose::Members {
                     s.work.pending += 1;
                 }
                 if let Some((etag, _)) = s.cache.get(&path) {
@@ -106,8 +111,8 @@ impl Syncer {
             Some(s) => s.reference.name.clone(),
             None => return step,
         };
-        if purpose == Purpose::Leases {
-            match self.interpret_leases(outcome) {
+        if purpose == Purpose::Members {
+            match self.interpret_members(outcome) {
                 Ok(peers) => self.apply_leases(peers, now_ms, &mut step),
                 Err((kind, detail)) => step.errors.push(SyncError {
                     server: name,

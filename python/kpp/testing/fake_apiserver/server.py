@@ -13,6 +13,13 @@ Test controls (never logged as requests):
                                         instance serve one more resource type (every verb, over the shared store)
                                         without listing it in its discovery: a CRD in the window before the next
                                         discovery round sees it. GET lists them, DELETE removes them all.
+  GET|POST|DELETE /__fake/kubernetes-endpoints
+                                        POST {"addresses": [ip, ...], "port": N[, "not_ready": [ip, ...]]} writes the
+                                        EndpointSlice `default/kubernetes` into the shared store as kube-apiserver's
+                                        lease endpoint reconciler does (Cluster.set_kubernetes_endpoints); DELETE
+                                        removes it (`--endpoint-reconciler-type=none`); GET shows it (404 if absent).
+                                        The slice itself is served at its real path,
+                                        /apis/discovery.k8s.io/v1/namespaces/default/endpointslices/kubernetes.
 Streaming subresources (`exec`, `attach`, `portforward`) of a served resource accept a WebSocket upgrade
 (`GET` with `Upgrade: websocket`): the instance greets with one text message `<instance> <subresource> <name>`
 and then echoes every text/binary message, answers pings, and closes on close.
@@ -30,6 +37,7 @@ import string
 import sys
 import threading
 import time
+import ipaddress
 import uuid
 from collections import deque
 from dataclasses import dataclass
@@ -55,6 +63,8 @@ MERGE_PATCH_TYPES = ("application/merge-patch+json", "application/strategic-merg
 # Invalid JSON that starts like a discovery document, so only a real parser notices.
 MALFORMED_BODY = b'{"kind":"APIGroupDiscoveryList","apiVersion":"apidiscovery.k8s.io/v2","items":[{"metadata":}]'
 NOT_FOUND_TEXT = b"404 page not found\n"  # Go's http.NotFound, the apiserver's notfound handler
+# Where the apiservers' lease endpoint reconciler keeps the live advertise addresses (the store's key).
+KUBERNETES_SLICE_KEY = ("discovery.k8s.io", "endpointslices", "default", "kubernetes")
 
 
 def _status(code: int, reason: str, message: str, details: dict | None = None) -> dict:
@@ -326,6 +336,24 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             if self.instance.fault_paths is not None:
                 answer["paths"] = list(self.instance.fault_paths)
             return self._send_json(200, answer)
+        if path == "/__fake/kubernetes-endpoints" and self.command in ("GET", "POST", "DELETE"):
+            cluster = self.instance.cluster
+            if cluster is None:
+                return self._send(404, NOT_FOUND_TEXT, TEXT)
+            if self.command == "POST":
+                try:
+                    request = json.loads(body)
+                    cluster.set_kubernetes_endpoints(request["addresses"], request["port"],
+                                                     not_ready=request.get("not_ready", ()))
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    message = 'want {"addresses": [ip, ...], "port": N[, "not_ready": [ip, ...]]} (IPs of one family)'
+                    return self._send_status(_status(400, "BadRequest", message))
+            elif self.command == "DELETE":
+                cluster.delete_kubernetes_endpoints()
+            try:
+                return self._send_json(200, self.instance.store.get(KUBERNETES_SLICE_KEY))
+            except NotFound:
+                return self._send_json(404, None)
         if path == "/__fake/serve" and self.command in ("GET", "POST", "DELETE"):
             if self.command == "POST":
                 try:
@@ -399,7 +427,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             if media_type != JSON:
                 return apiset.aggregated(parts[0], media_type), media_type
             if parts == ["api"]:
-                return encode(apiset.api_versions(f"127.0.0.1:{self.instance.port}")), JSON
+                return encode(apiset.api_versions(f"{self.instance.host}:{self.instance.port}")), JSON
             return encode(apiset.group_list()), JSON
         if parts[0] == "api" or len(parts) == 3:
             group, version = ("", parts[1]) if parts[0] == "api" else (parts[1], parts[2])
@@ -757,8 +785,11 @@ class Instance:
     """One fake apiserver listening on 127.0.0.1, serving `apiset` over the cluster's shared store."""
 
     def __init__(self, name: str, store: Store, apiset: ApiSet, port: int = 0, aggregated: bool = True,
-                 accept_v2beta1: bool = False, tls: "ssl.SSLContext | None" = None):
+                 accept_v2beta1: bool = False, tls: "ssl.SSLContext | None" = None, host: str = "127.0.0.1",
+                 cluster: "Cluster | None" = None):
         self.name = name
+        self.host = host
+        self.cluster = cluster
         self.store = store
         self.apiset = apiset
         self.aggregated = aggregated
@@ -779,11 +810,11 @@ class Instance:
         self._idle = threading.Condition(self._lock)  # notified when a connection's answer is written
         self._draining = threading.Event()
         self._stopping = threading.Event()
-        self._server = _Server(("127.0.0.1", port), _Handler)
+        self._server = _Server((host, port), _Handler)
         self._server.instance = self
         self._server.tls = self.tls = tls
         self.port = self._server.server_address[1]
-        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://{host}:{self.port}"
         threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True,
                          name=f"fake-apiserver-{name}").start()
 
@@ -924,25 +955,81 @@ class Cluster:
         self.instances: dict[str, Instance] = {}
 
     def start(self, name: str, port: int = 0, apiset: "str | dict | ApiSet" = "old", *, aggregated: bool = True,
-              accept_v2beta1: bool = False, tls: "ssl.SSLContext | None" = None) -> Instance:
+              accept_v2beta1: bool = False, tls: "ssl.SSLContext | None" = None,
+              host: str = "127.0.0.1") -> Instance:
         """Start an instance; port 0 picks a free port. `apiset` is "old", "new", a spec dict or an ApiSet;
         `tls`: serve https with this server context (its verify mode decides whether client certificates
-        are asked for; the serial of the one presented is echoed in `x-fake-client-cert-serial`)."""
+        are asked for; the serial of the one presented is echoed in `x-fake-client-cert-serial`); `host`: the
+        address to listen on (another loopback address, e.g. 127.0.0.12, lets instances share a port, as
+        apiservers on different nodes share --secure-port)."""
         if name in self.instances and not self.instances[name].stopped:
             raise ValueError(f"instance {name!r} is already running")
-        instance = Instance(name, self.store, resolve_apiset(apiset), port, aggregated, accept_v2beta1, tls)
+        instance = Instance(name, self.store, resolve_apiset(apiset), port, aggregated, accept_v2beta1, tls, host,
+                            cluster=self)
         self.instances[name] = instance
         return instance
 
     def restart(self, name: str, apiset: "str | dict | ApiSet | None" = None, *, aggregated: bool | None = None,
                 accept_v2beta1: bool | None = None, tls: "ssl.SSLContext | None" = None) -> Instance:
-        """Stop an instance and start it again on the same port; unspecified settings are kept."""
+        """Stop an instance and start it again on the same address and port; unspecified settings are kept."""
         old = self.instances[name]
         old.stop()
         return self.start(name, old.port, old.apiset if apiset is None else apiset,
                           aggregated=old.aggregated if aggregated is None else aggregated,
                           accept_v2beta1=old.accept_v2beta1 if accept_v2beta1 is None else accept_v2beta1,
-                          tls=old.tls if tls is None else tls)
+                          tls=old.tls if tls is None else tls, host=old.host)
+
+    def set_kubernetes_endpoints(self, addresses, port: int, *, not_ready=()) -> dict:
+        """Write the EndpointSlice `default/kubernetes` as kube-apiserver v1.36's lease endpoint reconciler does
+        (`pkg/controlplane/reconcilers/endpointsadapter.go`; the shape of a real one is
+        tests/fixtures/k8s-discovery/endpointslice_kubernetes.k8s-1.36.3.ipv4.json): one endpoint per IP, in
+        string order, `ready: true` (false for those in `not_ready`, which the reconciler never writes), the one
+        `https` port, an empty list as null. Created the first time, updated (generation + 1) after. Returns
+        the stored object."""
+        addresses = [str(a) for a in addresses]
+        ips = [ipaddress.ip_address(a) for a in addresses]  # ValueError for anything else
+        if len({ip.version for ip in ips}) > 1 or not isinstance(port, int) or isinstance(port, bool) \
+                or not 0 < port < 65536:
+            raise ValueError((addresses, port))
+        address_type = "IPv6" if ips and ips[0].version == 6 else "IPv4"
+        not_ready = {str(a) for a in not_ready}
+        endpoints = [{"addresses": [a], "conditions": {"ready": a not in not_ready}} for a in sorted(set(addresses))]
+        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+        def slice_(uid: str, generation: int, created: str) -> dict:
+            # Go's field order; resourceVersion's place is kept, its value set by the store.
+            return {"kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1",
+                    "metadata": {"name": "kubernetes", "namespace": "default", "uid": uid, "resourceVersion": "",
+                                 "generation": generation, "creationTimestamp": created,
+                                 "labels": {"kubernetes.io/service-name": "kubernetes"},
+                                 "managedFields": [{"manager": "kube-apiserver", "operation": "Update",
+                                                    "apiVersion": "discovery.k8s.io/v1", "time": now,
+                                                    "fieldsType": "FieldsV1", "fieldsV1": {
+                                                        "f:addressType": {}, "f:endpoints": {},
+                                                        "f:metadata": {"f:labels": {
+                                                            ".": {}, "f:kubernetes.io/service-name": {}}},
+                                                        "f:ports": {}}}]},
+                    "addressType": address_type, "endpoints": endpoints or None,
+                    "ports": [{"name": "https", "protocol": "TCP", "port": port}]}
+
+        def change(current: dict) -> dict:
+            meta = current["metadata"]
+            return slice_(meta["uid"], meta.get("generation", 1) + 1, meta["creationTimestamp"])
+
+        try:
+            return self.store.update(KUBERNETES_SLICE_KEY, change)
+        except NotFound:
+            try:
+                return self.store.create(KUBERNETES_SLICE_KEY, slice_(str(uuid.uuid4()), 1, now))
+            except AlreadyExists:  # created meanwhile by another writer: update that one
+                return self.store.update(KUBERNETES_SLICE_KEY, change)
+
+    def delete_kubernetes_endpoints(self):
+        """Remove the slice, as a cluster whose apiservers run `--endpoint-reconciler-type=none` has none."""
+        try:
+            self.store.delete(KUBERNETES_SLICE_KEY)
+        except NotFound:
+            pass
 
     def stop_all(self):
         for instance in self.instances.values():
