@@ -99,6 +99,17 @@ def pytest_sessionfinish(session, exitstatus):
                     f" | {today} | {commit} |")
     table = "\n".join(["| step | versions | what it proves | checks passed | date | commit |",
                        "|---|---|---|---|---|---|", *rows])
+    diffs = getattr(session.config, "_kpp_diffs", {})
+    if diffs:
+        drows = []
+        for s in versions.STEPS:
+            if s.id in diffs:
+                fmt = lambda side: ", ".join(k for k, v in versions.aggregated_formats(side).items() if v) or "legacy only"
+                drows.append(f"| {s.id} | {fmt(s.old)} → {fmt(s.new)} | {s.old.runtime_config or '-'} | "
+                             f"{'<br>'.join(diffs[s.id]['old']) or '-'} | {'<br>'.join(diffs[s.id]['new']) or '-'} |")
+        table += "\n\nWhat differed (each server's own discovery, read by the run):\n\n" + "\n".join(
+            ["| step | aggregated discovery (old → new) | old server's runtime-config | served only by the old | "
+             "served only by the new |", "|---|---|---|---|---|", *drows])
     print("\n" + table)
     if os.environ.get("KPP_VERSIONS_WRITE") == "1":
         text = DOC.read_text()

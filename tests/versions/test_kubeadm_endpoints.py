@@ -95,6 +95,9 @@ def kc(request, tmp_path_factory):
         for name in ("cp-1", "cp-2"):
             kc.node(name).wait_apiserver(180)
         kc.apply_rbac()
+        # Each apiserver writes the slice from the master leases it sees at its 10 s reconcile: wait until
+        # one has written it with both.
+        wait_slice(kc.first, {kc.node("cp-1").node_ip, kc.node("cp-2").node_ip})
         for name in ("cp-1", "cp-2"):
             kc.node(name).start_envoy([], kc.wasm, endpoints=True)
         for name in ("cp-1", "cp-2"):
@@ -174,3 +177,30 @@ def test_a_node_joins_is_replaced_and_leaves(kc):
         harness.wait_until(lambda n=n: fresh(n).get(cp4.node_ip, 0) == 0, 45, 0.3, message=f"{n.name}: {fresh(n)}")
     served_by(cp1, JOBS, cp2, cert)
     print(f"\nkubeadm endpoints membership: {timings}")
+
+
+def test_control_lease_mode_without_a_hand_written_address_cannot_reach_the_v135_node(kc):
+    """The same two nodes with cp-2's Envoy in lease mode and no --lease-host: v1.35.4 writes no address on
+    its identity lease, so cp-2 knows cp-1 is a member but can never learn what it serves, and what only
+    cp-1 serves (autoscaling/v2) is a 503 through cp-2. With the EndpointSlice it is served (first test)."""
+    cp1, cp2 = kc.node("cp-1"), kc.node("cp-2")
+    cert = kubeconfig_credentials(cp1.kubeconfig("admin"), cp1.workdir / "creds")
+    cp2.envoy.stop()
+    try:
+        cp2.start_envoy([], kc.wasm, leases={"local_hostname": cp2.hostname})
+        cp2.envoy.wait_until_ready(60)
+        cp2.envoy.wait_snapshot(60)
+        # cp-1 is a member (its lease was read) whose address is unknown: its discovery is never fetched
+        harness.wait_until(lambda: f"apiserver {cp1.hostname} joined" in cp2.envoy.log_text()
+                           and "address unknown" in cp2.envoy.log_text(), 30, 0.3,
+                           message=f"cp-2 never read cp-1's lease:\n{cp2.envoy.log_tail(30)}")
+        r = cp2.via(HPAS, cert=cert[0], key=cert[1])
+        assert r.status == 503 and r.headers.get("x-kube-peer-proxy-reply") == "true", r
+        assert fresh(cp2).get(cp1.hostname, 0) == 0, fresh(cp2)
+    finally:
+        cp2.envoy.stop()
+        cp2.start_envoy([], kc.wasm, endpoints=True)
+        cp2.envoy.wait_until_ready(60)
+        cp2.envoy.wait_snapshot(60)
+    harness.wait_until(lambda: fresh(cp2).get(cp1.node_ip) == 1, 45, 0.5, message=f"cp-2: {fresh(cp2)}")
+    served_by(cp2, HPAS, cp1, cert)

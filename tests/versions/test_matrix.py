@@ -33,13 +33,16 @@ ACCESS_LOG_WAIT = 30.0
 
 
 @pytest.fixture(scope="module")
-def diff(env, step):
+def diff(request, env, step):
     candidates = versions.candidate_group_versions(env)
     own = {name: versions.served(env, name, candidates) for name in ("old", "new")}
     only = {"old": {k: own["old"][k] for k in own["old"].keys() - own["new"].keys()},
             "new": {k: own["new"][k] for k in own["new"].keys() - own["old"].keys()}}
     print(f"\n{step.id}: only {step.old.version}: {sorted(only['old'])}\n"
           f"{step.id}: only {step.new.version}: {sorted(only['new'])}")
+    # For the run's table in docs/versions.md (tests/versions/conftest.py).
+    request.config.__dict__.setdefault("_kpp_diffs", {})[step.id] = {
+        side: sorted("/".join(x for x in gvr if x) for gvr in only[side]) for side in ("old", "new")}
     return {"own": own, "only": only}
 
 
@@ -61,6 +64,19 @@ def access_entry(front, aid: str):
 def test_versions_are_what_the_step_says(env, step):
     assert versions.version_of(env, "old") == step.old.version
     assert versions.version_of(env, "new") == step.new.version
+
+
+def test_each_server_serves_the_discovery_formats_the_table_says(env, step):
+    """The difference each step is about, observed: which aggregated discovery versions each server
+    answers (straight to it, one media type per request); the filter has to read all of them."""
+    for name, side in (("old", step.old), ("new", step.new)):
+        for version, want in versions.aggregated_formats(side).items():
+            media = f"application/json;g=apidiscovery.k8s.io;v={version};as=APIGroupDiscoveryList"
+            r = env.direct(name, "/apis", headers={"Accept": media})
+            got = r.status == 200 and f"v={version}" in r.headers.get("content-type", "")
+            assert got == want, (name, side.version, version, r.status, r.headers.get("content-type"))
+            if not want:
+                assert r.status == 406, (name, version, r)
 
 
 def test_membership_comes_from_the_endpointslice(env, step):

@@ -65,26 +65,36 @@ class Step:
         return self.old.version, self.new.version
 
 
+# With their defaults a newer kube-apiserver serves everything the previous minor does (betas are off by
+# default since 1.24, and GA versions are not removed), so the old server of every step also serves
+# admissionregistration.k8s.io/v1beta1 (off by default in both): an API the old version had on and the
+# new one does not serve, as after an upgrade that drops a beta API (flowcontrol v1beta3 in 1.32).
+OLD_EXTRA = "admissionregistration.k8s.io/v1beta1=true"
+
 STEPS = [
-    Step("1.29-to-1.30", Side("v1.29.6"), Side("v1.30.14"),
+    Step("1.29-to-1.30", Side("v1.29.6", OLD_EXTRA), Side("v1.30.14"),
          "a v2beta1-only aggregated discovery server beside a v2 server", membership=True),
-    Step("1.29-legacy-to-1.30", Side("v1.29.6", feature_gates=(("AggregatedDiscoveryEndpoint", False),)),
+    Step("1.29-legacy-to-1.30", Side("v1.29.6", OLD_EXTRA, feature_gates=(("AggregatedDiscoveryEndpoint", False),)),
          Side("v1.30.14"), "a legacy-discovery-only server (AggregatedDiscoveryEndpoint=false)"),
-    Step("1.32-to-1.33", Side("v1.32.13"), Side("v1.33.13"), "v2beta1 disappears"),
-    Step("1.33-to-1.34", Side("v1.33.13"), Side("v1.34.4"), "the etcd and resource.k8s.io boundaries"),
-    # With their defaults v1.36.3 serves everything v1.35.4 does: the old server also serves
-    # MutatingAdmissionPolicy's v1beta1, as after an upgrade that drops a beta API the old version had on.
-    Step("1.35-to-1.36", Side("v1.35.4", "admissionregistration.k8s.io/v1beta1=true"), Side("v1.36.3"),
+    Step("1.32-to-1.33", Side("v1.32.13", OLD_EXTRA), Side("v1.33.13"), "v2beta1 disappears"),
+    Step("1.33-to-1.34", Side("v1.33.13", OLD_EXTRA), Side("v1.34.4"), "the etcd and resource.k8s.io boundaries"),
+    Step("1.35-to-1.36", Side("v1.35.4", OLD_EXTRA), Side("v1.36.3"),
          "the previous step (1.36 writes identity-lease addresses)"),
-    # The same holds for v1.37.2 over v1.36.3: the old server serves admissionregistration's v1beta1 again.
-    Step("1.36-to-1.37", Side("v1.36.3", "admissionregistration.k8s.io/v1beta1=true"), Side("v1.37.2"),
-         "the next step users take, built-in proxy off", membership=True),
-    Step("1.36-to-1.37-builtin-mvp", Side("v1.36.3", "admissionregistration.k8s.io/v1beta1=true"), Side("v1.37.2"),
+    Step("1.36-to-1.37", Side("v1.36.3", OLD_EXTRA), Side("v1.37.2"), "the next step users take, built-in proxy off",
+         membership=True),
+    Step("1.36-to-1.37-builtin-mvp", Side("v1.36.3", OLD_EXTRA), Side("v1.37.2"),
          "the same with the built-in proxy on in both servers", mvp=True),
 ]
 BY_ID = {s.id: s for s in STEPS}
 # What `make test` runs (a fresh machine builds v1.37.2 for them); `make test-versions` runs all.
 DEFAULT_STEPS = ["1.35-to-1.36", "1.36-to-1.37", "1.36-to-1.37-builtin-mvp"]
+
+
+def aggregated_formats(side: Side) -> dict[str, bool]:
+    """Which aggregated discovery versions a server of this side serves, by the table in docs/versions.md:
+    v2beta1 up to 1.32 (1.33 removes it by default), v2 from 1.30; none with AggregatedDiscoveryEndpoint off."""
+    on = dict(side.feature_gates).get("AggregatedDiscoveryEndpoint", True)
+    return {"v2": on and side.minor >= 30, "v2beta1": on and side.minor <= 32}
 
 
 def versions_needed(step_ids) -> list[str]:
