@@ -7,7 +7,9 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 
 use common::{fixture, group, json_gvrs, res, ver, AGG_133, AGG_137};
 use kube_peer_proxy::config::Config;
-use kube_peer_proxy::discovery::documents::{parse_aggregated, to_v2_json, CONTENT_TYPE_V2};
+use kube_peer_proxy::discovery::documents::{
+    parse_aggregated, to_v2_json, unsupported_aggregated_version, CONTENT_TYPE_V2,
+};
 use kube_peer_proxy::discovery::sync::{Body, Fetch, Outcome, Publish, SyncError, Syncer, DISCOVERY_ACCEPT};
 use kube_peer_proxy::request::routing::{decide, Decision, Gvr, LocalReason, RequestFacts};
 use kube_peer_proxy::snapshot::{etag, resource_key, Table};
@@ -1496,14 +1498,123 @@ fn lease_mode_before_the_first_lease_list_membership_is_unknown() {
     );
     let r = round(&mut s, &fake, 2000);
     assert_eq!(r.error_kinds(), [("host-a", "decode")]);
-    fake.set("local", LEASES, lease_list(vec![]));
+    // A list without this server's own lease (an unknown lease layout, or the wrong local_hostname)
+    // may miss others too: still unknown, counted, and the log says what to check.
+    fake.set(
+        "local",
+        LEASES,
+        lease_list(vec![lease("host-b", "1", Some("127.0.0.12:6443"), 1, 3600)]),
+    );
     let r = round(&mut s, &fake, 3000);
+    assert_eq!(r.error_kinds(), [("host-a", "decode")]);
+    let detail = &r.errors[0].detail;
+    assert!(
+        detail.contains("no identity lease of this server (hostname host-a)")
+            && detail.contains("local_hostname")
+            && detail.contains("the last membership is kept"),
+        "{detail}"
+    );
+    assert!(r.publish.is_none(), "nothing changed: still unknown");
+    // An empty list is no different: it does not list this server either.
+    fake.set("local", LEASES, lease_list(vec![]));
+    let r = round(&mut s, &fake, 4000);
+    assert_eq!(r.error_kinds(), [("host-a", "decode")]);
+    // Its own lease without the identity label value, or without a holder, is not valid: unknown.
+    let mut unlabeled = lease("host-a", "1", None, 1, 3600);
+    unlabeled["metadata"]["labels"]["apiserver.kubernetes.io/identity"] = "kube-apiserver-v2".into();
+    let mut unheld = lease("host-a", "1", None, 1, 3600);
+    unheld["spec"]["holderIdentity"] = "".into();
+    fake.set("local", LEASES, lease_list(vec![unlabeled, unheld]));
+    let r = round(&mut s, &fake, 5000);
+    assert_eq!(r.error_kinds(), [("host-a", "decode")]);
+    // Only its own lease: membership is known, and nobody else serves anything.
+    fake.set("local", LEASES, lease_list(vec![lease("host-a", "1", None, 1, 3600)]));
+    let r = round(&mut s, &fake, 6000);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
     let t = r.publish.expect("membership known").table;
     assert!(!t.membership_unknown);
     assert_eq!(
         route(&t, "GET", "/apis/nope.io/v1/things"),
         Decision::Local(LocalReason::NotServedAnywhere)
     );
+}
+
+#[test]
+fn lease_mode_a_list_without_this_servers_lease_keeps_the_last_good_membership() {
+    let mut s = Syncer::new(&Config::parse(LEASE_CONFIG.as_bytes()).expect("config"));
+    let mut fake = lease_fake();
+    let hour = 3600;
+    let good = || {
+        lease_list(vec![
+            lease("host-a", "1", Some("127.0.0.11:6443"), 1, hour),
+            lease("host-b", "1", Some("127.0.0.12:6443"), 1, hour),
+            lease("host-d", "1", None, 1, hour),
+        ])
+    };
+    fake.set("local", LEASES, good());
+    let r = round(&mut s, &fake, 1_000);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!(
+        names(&r.publish.expect("snapshot").table),
+        ["host-a", "host-b", "host-d"]
+    );
+    // A future layout: this server's lease (and host-d's) under a label value the filter does not
+    // know; host-b still readable. Not used: host-d stays a member, and it is counted.
+    let mut relabeled = lease("host-a", "1", Some("127.0.0.11:6443"), 1, hour);
+    relabeled["metadata"]["labels"]["apiserver.kubernetes.io/identity"] = "kube-apiserver-v2".into();
+    fake.set(
+        "local",
+        LEASES,
+        lease_list(vec![relabeled, lease("host-b", "1", Some("127.0.0.12:6443"), 1, hour)]),
+    );
+    for at in [2_000, 3_000] {
+        let r = round(&mut s, &fake, at);
+        assert_eq!(r.error_kinds(), [("host-a", "decode")]);
+        assert!(
+            r.errors[0]
+                .detail
+                .contains("no identity lease of this server (hostname host-a)"),
+            "{}",
+            r.errors[0].detail
+        );
+        assert_eq!(fetched_at(&r, "127.0.0.14:6443"), BTreeSet::from(["/api", "/apis"]));
+        if let Some(p) = r.publish {
+            assert_eq!(names(&p.table), ["host-a", "host-b", "host-d"]);
+            assert!(!p.table.membership_unknown);
+        }
+    }
+    // Its own lease back, host-d gone: applied at once.
+    fake.set(
+        "local",
+        LEASES,
+        lease_list(vec![
+            lease("host-a", "1", Some("127.0.0.11:6443"), 1, hour),
+            lease("host-b", "1", Some("127.0.0.12:6443"), 1, hour),
+        ]),
+    );
+    let r = round(&mut s, &fake, 4_000);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!(names(&r.publish.expect("snapshot").table), ["host-a", "host-b"]);
+    // By address when no hostname is configured: its lease is recognised by its advertised address.
+    let by_address = LEASE_CONFIG.replace(r#""local_hostname": "host-a""#, r#""local_address": "127.0.0.11:6443""#);
+    let mut s = Syncer::new(&Config::parse(by_address.as_bytes()).expect("config"));
+    fake.set(
+        "local",
+        LEASES,
+        lease_list(vec![lease("host-b", "1", Some("127.0.0.12:6443"), 1, hour)]),
+    );
+    let r = round(&mut s, &fake, 1_000);
+    assert_eq!(r.error_kinds(), [("host-a", "decode")]);
+    assert!(
+        r.errors[0].detail.contains("(address 127.0.0.11:6443)") && r.errors[0].detail.contains("local_address"),
+        "{}",
+        r.errors[0].detail
+    );
+    assert!(r.publish.expect("snapshot").table.membership_unknown);
+    fake.set("local", LEASES, good());
+    let r = round(&mut s, &fake, 2_000);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert!(!r.publish.expect("snapshot").table.membership_unknown);
 }
 
 /// A server that answers with the ETag of a document another server already sent gets that
@@ -1596,6 +1707,61 @@ fn a_body_that_cannot_be_read_to_its_end_is_a_decode_error_and_the_last_good_dat
             "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
         ),
         to(PEER_B, "resource.k8s.io", "v1", "resourceclaims")
+    );
+}
+
+/// A newer aggregated discovery version than the filter reads (a future v3, if a server ever sent
+/// one despite the Accept): a decode error that says so, not a legacy-parse error; the last good
+/// data stays.
+#[test]
+fn an_unsupported_aggregated_discovery_version_is_a_decode_error_that_names_it() {
+    let mut s = Syncer::new(&config());
+    let good = fake();
+    let first = round(&mut s, &good, 0).publish.expect("snapshot");
+    let v3 = "application/json;g=apidiscovery.k8s.io;v=v3;as=APIGroupDiscoveryList";
+    let body = String::from_utf8(fixture(AGG_137))
+        .expect("utf-8")
+        .replace("apidiscovery.k8s.io/v2", "apidiscovery.k8s.io/v3");
+    let mut bad = good.clone();
+    for path in ["/apis", "/api"] {
+        bad.set("peer-b", path, response(200, v3, body.as_bytes()));
+    }
+    for at in [1000, 2000] {
+        let r = round(&mut s, &bad, at);
+        assert_eq!(r.error_kinds(), [("peer-b", "decode"), ("peer-b", "decode")]);
+        for e in &r.errors {
+            assert!(
+                e.detail.contains("unsupported aggregated discovery version v3")
+                    && e.detail.contains(v3)
+                    && e.detail.contains("this filter reads v2 and v2beta1"),
+                "{}",
+                e.detail
+            );
+        }
+        assert!(r.publish.is_none(), "peer-b keeps what it served: nothing changed");
+    }
+    assert_eq!(
+        route(
+            &first.table,
+            "GET",
+            "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
+        ),
+        to(PEER_B, "resource.k8s.io", "v1", "resourceclaims")
+    );
+    // v2beta1 and v2 are read; a legacy answer is not taken for a future version.
+    for ct in [
+        "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList",
+        CONTENT_TYPE_V2,
+        "application/json",
+        "application/json;g=apidiscovery.k8s.io;v=v3;as=Something",
+    ] {
+        assert_eq!(unsupported_aggregated_version(ct), None, "{ct}");
+    }
+    assert_eq!(
+        unsupported_aggregated_version(
+            "application/json; g=apidiscovery.k8s.io; v=v3; as=APIGroupDiscoveryList; profile=nopeer"
+        ),
+        Some("v3")
     );
 }
 
@@ -1748,15 +1914,43 @@ fn endpoints_mode_before_the_first_slice_membership_is_unknown() {
         "{}",
         r.errors[0].detail
     );
+    // A slice that does not list this server: written from a view without it (up to one reconcile,
+    // 10 s, after it started), or local_address is not its --advertise-address. It may miss others
+    // too: still unknown, counted as decode, and the log says what to check.
+    for (at, ips) in [(4_000, &[][..]), (5_000, &["127.0.0.12"][..])] {
+        fake.set("local", SLICE, endpoint_slice(ips));
+        let r = round(&mut s, &fake, at);
+        assert_eq!(r.error_kinds(), [("127.0.0.11", "decode")], "{ips:?}");
+        let detail = &r.errors[0].detail;
+        assert!(
+            detail.contains("EndpointSlice default/kubernetes does not list this server (127.0.0.11)")
+                && detail.contains("--advertise-address")
+                && detail.contains("the last membership is kept"),
+            "{detail}"
+        );
+        assert!(r.publish.is_none(), "{ips:?}: nothing changed: still unknown");
+    }
     // A slice with nobody else in it: membership is known, and only this server serves anything.
-    fake.set("local", SLICE, endpoint_slice(&[]));
-    let r = round(&mut s, &fake, 4_000);
+    fake.set("local", SLICE, endpoint_slice(&["127.0.0.11"]));
+    let r = round(&mut s, &fake, 6_000);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
     let t = r.publish.expect("membership known").table;
     assert!(!t.membership_unknown);
     assert_eq!(
         route(&t, "GET", "/apis/nope.io/v1/things"),
         Decision::Local(LocalReason::NotServedAnywhere)
     );
+    // Listed but not ready (shutting down, or a reconciler that marks it so) still counts as listed.
+    let Some(Outcome::Response { body, .. }) = endpoint_slice(&["127.0.0.11"]) else {
+        unreachable!()
+    };
+    let not_ready = String::from_utf8(body.to_vec())
+        .expect("utf-8")
+        .replace(r#""ready":true"#, r#""ready":false"#);
+    assert!(not_ready.contains(r#""ready":false"#), "{not_ready}");
+    fake.set("local", SLICE, response(200, "application/json", not_ready.as_bytes()));
+    let r = round(&mut s, &fake, 7_000);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
 }
 
 #[test]
@@ -1794,6 +1988,8 @@ fn endpoints_mode_a_missing_or_malformed_slice_keeps_the_last_good_membership() 
             "decode",
         ),
         ("a hostname in it", response(200, "application/json", bad_address.as_bytes()), "decode"),
+        // Written from a view without this server: .14 missing from it says nothing of .14.
+        ("without this server", endpoint_slice(&["127.0.0.12"]), "decode"),
     ];
     for (i, (desc, outcome, kind)) in cases.into_iter().enumerate() {
         fake.set("local", SLICE, outcome);

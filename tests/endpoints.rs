@@ -7,8 +7,8 @@ mod common;
 use std::net::IpAddr;
 
 use common::fixture;
-use kube_peer_proxy::discovery::endpoints::{parse_endpoint_slice, ENDPOINT_SLICE_PATH};
-use kube_peer_proxy::discovery::leases::{parse_address, LeasePeer};
+use kube_peer_proxy::discovery::endpoints::{parse_endpoint_slice, parse_endpoint_slice_members, ENDPOINT_SLICE_PATH};
+use kube_peer_proxy::discovery::leases::{parse_address, LeasePeer, Members};
 
 /// As kube-apiserver v1.36.3 serves it: three apiservers (198.18.0.11-13, --secure-port 6443), read
 /// with `GET` from the first (tests/fixtures/k8s-discovery/PROVENANCE.md).
@@ -413,4 +413,61 @@ fn a_document_that_is_not_the_slice_is_refused_whole() {
         parse_endpoint_slice(bare.as_bytes(), None, None),
         Ok(vec![member("10.0.0.2", Some("10.0.0.2:6443"))])
     );
+}
+
+/// A slice counts only if it lists this server (see `Members`): right after a server starts, the
+/// others may write it from a view without this server for up to one reconcile (10 s).
+#[test]
+fn members_say_whether_this_server_is_in_the_slice() {
+    let body = fixture(IPV4);
+    let m = parse_endpoint_slice_members(&body, ip("198.18.0.11"), None).expect("v1.36.3 slice");
+    assert!(m.own_listed);
+    assert_eq!(m.peers, parse_endpoint_slice(&body, ip("198.18.0.11"), None).unwrap());
+    for own in [ip("198.18.0.14"), None] {
+        let m = parse_endpoint_slice_members(&body, own, None).expect("slice");
+        assert!(!m.own_listed, "{own:?}");
+        assert_eq!(m.peers.len(), 3, "{own:?}: still parsed; the caller decides");
+    }
+    let ipv6 = fixture(IPV6);
+    assert!(
+        parse_endpoint_slice_members(&ipv6, ip("fd00:198:18::13"), None)
+            .unwrap()
+            .own_listed
+    );
+    assert!(
+        !parse_endpoint_slice_members(&ipv6, ip("198.18.0.11"), None)
+            .unwrap()
+            .own_listed
+    );
+    // Ready or not, and any address of an endpoint, canonically compared.
+    let endpoints = r#"[
+        {"addresses":["10.0.0.2"],"conditions":{"ready":true}},
+        {"addresses":["10.0.0.1"],"conditions":{"ready":false}},
+        {"addresses":["10.0.0.5","10.0.0.6"]}
+    ]"#;
+    let body = slice("IPv4", endpoints, HTTPS);
+    for own in ["10.0.0.1", "10.0.0.2", "10.0.0.6"] {
+        assert!(
+            parse_endpoint_slice_members(body.as_bytes(), ip(own), None)
+                .unwrap()
+                .own_listed,
+            "{own}"
+        );
+    }
+    assert!(
+        !parse_endpoint_slice_members(body.as_bytes(), ip("10.0.0.3"), None)
+            .unwrap()
+            .own_listed
+    );
+    let body = slice("IPv6", &ready(&["FD00:0:0::1"]), HTTPS);
+    assert!(
+        parse_endpoint_slice_members(body.as_bytes(), ip("fd00::1"), None)
+            .unwrap()
+            .own_listed
+    );
+    // Empty: nobody listed, this server neither.
+    for endpoints in ["null", "[]", r#"[{"addresses":[]}]"#] {
+        let m = parse_endpoint_slice_members(slice("IPv4", endpoints, HTTPS).as_bytes(), ip("10.0.0.1"), None).unwrap();
+        assert_eq!(m, Members::default(), "{endpoints}");
+    }
 }

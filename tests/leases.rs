@@ -2,8 +2,8 @@
 #![cfg(test)]
 
 use kube_peer_proxy::discovery::leases::{
-    diff, parse_address, parse_lease_list, parse_lease_list_at, parse_rfc3339_ms, peer_address, Changes, LeasePeer,
-    Own, ADDRESS_ANNOTATION, HOSTNAME_LABEL, IDENTITY_LABEL, LEASE_LIST_PATH,
+    diff, parse_address, parse_lease_list, parse_lease_list_at, parse_lease_members, parse_rfc3339_ms, peer_address,
+    Changes, LeasePeer, Members, Own, ADDRESS_ANNOTATION, HOSTNAME_LABEL, IDENTITY_LABEL, LEASE_LIST_PATH,
 };
 
 /// 2026-07-23T10:00:00Z in ms since the epoch.
@@ -716,4 +716,78 @@ fn roundtrip_fixture_as_a_list_item_uses_the_real_field_names() {
             expires_ms: Some(1_072_918_861_000 + 2_000),
         }]
     );
+}
+
+/// A list counts only if it lists this server's own valid identity lease (see `Members`): one
+/// without it is in a layout the filter does not know, or `Own` is misconfigured, and may lack
+/// other servers too.
+#[test]
+fn members_say_whether_this_servers_own_lease_was_listed() {
+    let m = parse_lease_members(LIST.as_bytes(), &own_a(), &[], None).unwrap();
+    assert!(m.own_listed);
+    assert_eq!(m.peers, parse_lease_list(LIST.as_bytes(), &own_a(), &[]).unwrap());
+    // By address, as advertised or as resolved through hosts.
+    let by_address = |a: &str| Own {
+        hostname: None,
+        address: Some(a.into()),
+    };
+    assert!(
+        parse_lease_members(LIST.as_bytes(), &by_address("10.0.0.2:6443"), &[], None)
+            .unwrap()
+            .own_listed
+    );
+    let resolved = hosts(&[("cp-c", "10.0.0.3:6443")]);
+    assert!(
+        parse_lease_members(LIST.as_bytes(), &by_address("10.0.0.3:6443"), &resolved, None)
+            .unwrap()
+            .own_listed
+    );
+    // Not listed: another hostname or address, no identification at all, or an empty list.
+    for own in [
+        Own {
+            hostname: Some("cp-z".into()),
+            address: None,
+        },
+        by_address("10.9.9.9:6443"),
+        by_address("10.0.0.3:6443"),
+        Own::default(),
+    ] {
+        let m = parse_lease_members(LIST.as_bytes(), &own, &[], None).unwrap();
+        assert!(!m.own_listed, "{own:?}");
+        assert_eq!(m.peers.len(), 3, "{own:?}: still parsed; the caller decides");
+    }
+    let empty = r#"{"kind":"LeaseList","items":null}"#;
+    assert_eq!(
+        parse_lease_members(empty.as_bytes(), &own_a(), &[], None),
+        Ok(Members::default())
+    );
+    // Its own lease must be a valid identity lease: another label value (a future layout) or no
+    // holder is not it.
+    let relabeled = LIST.replacen(
+        r#""apiserver.kubernetes.io/identity": "kube-apiserver""#,
+        r#""apiserver.kubernetes.io/identity": "kube-apiserver-v2""#,
+        1,
+    );
+    assert_ne!(relabeled, LIST);
+    let m = parse_lease_members(relabeled.as_bytes(), &own_a(), &[], None).unwrap();
+    assert!(!m.own_listed);
+    assert_eq!(
+        ids(&m.peers),
+        [
+            "apiserver-b2pxk7zq4mlw3t5y6u7i8o9pqa",
+            "apiserver-c3qyl8ar5nmx4u6z7v8j9p0qrb"
+        ]
+    );
+    let unheld = one(&identity_meta("apiserver-a", "cp-a", "{}"), r#"{"holderIdentity":""}"#);
+    assert!(
+        !parse_lease_members(unheld.as_bytes(), &own_a(), &[], None)
+            .unwrap()
+            .own_listed
+    );
+    let held = one(
+        &identity_meta("apiserver-a", "cp-a", "{}"),
+        r#"{"holderIdentity":"apiserver-a_1"}"#,
+    );
+    let m = parse_lease_members(held.as_bytes(), &own_a(), &[], None).unwrap();
+    assert!(m.own_listed && m.peers.is_empty());
 }

@@ -314,6 +314,27 @@ pub fn is_aggregated_content_type(content_type: &str) -> bool {
     g && v && as_
 }
 
+/// The version of an aggregated discovery media type this filter does not read (`g=apidiscovery.k8s.io`,
+/// `as=APIGroupDiscoveryList`, a `v` other than v2 and v2beta1, such as a future v3), `None` for
+/// every other content type. A document in it is rejected with that said, rather than misread as a
+/// legacy document.
+pub fn unsupported_aggregated_version(content_type: &str) -> Option<&str> {
+    let mut parts = content_type.split(';').map(str::trim);
+    if !parts.next().unwrap_or("").eq_ignore_ascii_case("application/json") {
+        return None;
+    }
+    let (mut g, mut v, mut as_) = (false, None, false);
+    for p in parts {
+        match p.split_once('=').map(|(k, v)| (k.trim(), v.trim())) {
+            Some(("g", "apidiscovery.k8s.io")) => g = true,
+            Some(("v", version)) => v = Some(version),
+            Some(("as", "APIGroupDiscoveryList")) => as_ = true,
+            _ => {}
+        }
+    }
+    v.filter(|v| g && as_ && !matches!(*v, "v2" | "v2beta1"))
+}
+
 /// Parses an aggregated discovery list (v2 or v2beta1).
 pub fn parse_aggregated(body: &[u8]) -> Result<GroupDiscoveryList, ParseError> {
     // Interned: equal strings of the document share one heap block (see `interned`).

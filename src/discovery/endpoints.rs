@@ -24,7 +24,7 @@ use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use super::leases::{nullable, parse_address, LeasePeer};
+use super::leases::{nullable, parse_address, LeasePeer, Members};
 
 /// The one EndpointSlice the apiservers write, read through the local apiserver.
 pub const ENDPOINT_SLICE_PATH: &str = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/kubernetes";
@@ -125,6 +125,17 @@ pub fn parse_endpoint_slice(
     own: Option<IpAddr>,
     peer_port: Option<u16>,
 ) -> Result<Vec<LeasePeer>, String> {
+    parse_endpoint_slice_members(body, own, peer_port).map(|m| m.peers)
+}
+
+/// [`parse_endpoint_slice`], also saying whether `own` is among the slice's addresses (any address
+/// of any endpoint, ready or not). The apiservers write the slice from the master leases they see
+/// when they reconcile (every 10 s), so a server that just started may not be in it yet.
+pub fn parse_endpoint_slice_members(
+    body: &[u8],
+    own: Option<IpAddr>,
+    peer_port: Option<u16>,
+) -> Result<Members, String> {
     // A derived struct also deserializes from a JSON array; only an object is a slice.
     if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return Err("EndpointSlice: the body is not a JSON object".into());
@@ -155,6 +166,7 @@ pub fn parse_endpoint_slice(
             .ok_or("EndpointSlice: no usable port (no TCP port named https, nor a single port)")?,
     };
     let mut peers: BTreeMap<String, LeasePeer> = BTreeMap::new();
+    let mut own_listed = false;
     for (i, endpoint) in doc.endpoints.into_iter().enumerate() {
         let mut ips = Vec::with_capacity(endpoint.addresses.len());
         for a in &endpoint.addresses {
@@ -164,6 +176,7 @@ pub fn parse_endpoint_slice(
         }
         // Upstream writes one address per endpoint; the others of an endpoint are the same
         // backend (the API says so, and kube-proxy uses the first).
+        own_listed |= own.is_some_and(|o| ips.contains(&o));
         let Some(ip) = ips.first().copied() else { continue };
         if endpoint.conditions.ready == Some(false) || Some(ip) == own {
             continue;
@@ -178,5 +191,8 @@ pub fn parse_endpoint_slice(
             expires_ms: None,
         });
     }
-    Ok(peers.into_values().collect())
+    Ok(Members {
+        peers: peers.into_values().collect(),
+        own_listed,
+    })
 }

@@ -158,6 +158,32 @@ pub fn parse_lease_list_at(
     hosts: &[(String, String)],
     peer_port: Option<u16>,
 ) -> Result<Vec<LeasePeer>, String> {
+    parse_lease_members(body, own, hosts, peer_port).map(|m| m.peers)
+}
+
+/// A membership document read: the peers, and whether it listed the local server itself.
+///
+/// A document that does not list the local server was written from a view that misses at least
+/// that one (an EndpointSlice reconciled before this server's master lease was seen), or in a
+/// layout the parser does not know (another identity label value, namespace or annotation): the
+/// list is not known to be complete, so the caller does not use it (see
+/// `Syncer::interpret_members`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Members {
+    pub peers: Vec<LeasePeer>,
+    /// The local server's own entry was in the document (a valid identity lease matched by
+    /// [`Own`], or `local_address`'s IP among the slice's addresses, ready or not).
+    pub own_listed: bool,
+}
+
+/// [`parse_lease_list_at`], also saying whether a valid identity lease (the label value
+/// `kube-apiserver`, a non-empty holder) of the local server (matched by [`Own`]) was listed.
+pub fn parse_lease_members(
+    body: &[u8],
+    own: &Own,
+    hosts: &[(String, String)],
+    peer_port: Option<u16>,
+) -> Result<Members, String> {
     // A derived struct also deserializes from a JSON array; only an object is a list.
     if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return Err("lease list: the body is not a JSON object".into());
@@ -175,6 +201,7 @@ pub fn parse_lease_list_at(
     let own_hostname = own.hostname.as_deref().filter(|h| !h.is_empty());
 
     let mut peers: BTreeMap<String, LeasePeer> = BTreeMap::new();
+    let mut own_listed = false;
     for lease in items {
         let Lease { metadata, spec } = lease;
         if metadata.name.is_empty() || metadata.labels.get(IDENTITY_LABEL).map(String::as_str) != Some(IDENTITY_VALUE) {
@@ -196,6 +223,7 @@ pub fn parse_lease_list_at(
                 .as_ref()
                 .is_some_and(|a| address.as_ref() == Some(a) || advertised.and_then(parse_address).as_ref() == Some(a));
         if is_own {
+            own_listed = true;
             continue;
         }
         let expires_ms = expiry_ms(spec.renew_time.as_deref(), spec.lease_duration_seconds);
@@ -207,7 +235,10 @@ pub fn parse_lease_list_at(
             expires_ms,
         });
     }
-    Ok(peers.into_values().collect())
+    Ok(Members {
+        peers: peers.into_values().collect(),
+        own_listed,
+    })
 }
 
 /// `renewTime + leaseDurationSeconds` like Go's `Time.Add`: an unparseable renewTime counts as

@@ -14,6 +14,9 @@ member by its IP, itself too.
 * Before the first slice is read (none exists: `--endpoint-reconciler-type=none`), membership is unknown
   and a possibly-false 404 is a 503; the log says what to check; once a slice exists the 404 stands, and
   a slice that goes away again keeps the last good membership.
+* A slice that does not list this server (written before the reconciler saw it, up to 10 s after a start,
+  or local_address is not its --advertise-address) is not used: counted as decode, logged with what to
+  check; membership stays unknown (503s) or the last good one is kept.
 * A slice naming the impostor's address: Envoy refuses its certificate, so it never gets a request and a
   type only it serves is a 503, never its answer. The control, the same Envoy without upstream
   verification, is served by the impostor: the certificate check is what stops it.
@@ -185,6 +188,50 @@ def test_before_the_first_slice_a_possibly_false_404_is_a_503(env):
                        message="a missing slice was not counted")
     r = get(port, NOWHERE)
     assert (r.status, served_by(r)) == (404, "a"), r
+
+
+def decode_errors(envoy) -> int:
+    return sum(v for k, v in envoy.stats("discovery_sync_errors").items() if "type=decode" in k and f"server={A}" in k)
+
+
+def test_a_slice_that_does_not_list_this_server_is_not_used(env):
+    """The apiservers write the slice from the master leases they see when they reconcile (every 10 s): right
+    after a server starts, the slice can list only the others, and a slice written from a view without this
+    server may lack more. Such a slice is not used: before any membership it stays unknown (a possibly-false
+    404 is a 503), later the last good membership is kept; counted as decode, and the log says what to check."""
+    env.slice(B)
+    envoy, port = env.envoy()
+    envoy.wait_snapshot(20)
+    harness.wait_until(lambda: decode_errors(envoy) >= 2, 10, message="a slice without this server was not counted")
+    for path in (NOWHERE, NEW_ONLY):
+        r = get(port, path)
+        assert r.status == 503 and r.headers.get("retry-after") and "kube-peer-proxy" in r.text, (path, r)
+    assert get(port, COMMON).status == 200, "what the local server serves still passes"
+    assert discovery_requests(env.fakes["b"]) == [], "a member of a slice that was not used was asked"
+    lines = [l for l in envoy.log_text().splitlines() if "does not list this server" in l]
+    assert lines, "the log does not say the slice lacks this server"
+    print(lines[-1].strip())
+    assert (f"EndpointSlice default/kubernetes does not list this server ({A})" in lines[-1]
+            and "(decode)" in lines[-1] and "lease_discovery.local_address" in lines[-1]
+            and "--advertise-address" in lines[-1]), lines[-1]
+
+    # The reconciler catches up and lists this server too: the membership is used at once.
+    env.slice(A, B)
+    timed_wait(lambda: get(port, NOWHERE).status == 404, ROUNDS, "the slice listing this server was not used")
+    envoy.wait_fresh([A, B], 10)
+    r = get(port, NEW_ONLY)
+    assert (r.status, served_by(r)) == (200, "b"), r
+
+    # Without this server again (a writer with an incomplete view): the last good membership is kept; c, only
+    # in the unusable slice, never joins, and b, missing from it, does not leave.
+    before = decode_errors(envoy)
+    env.slice(C)
+    harness.wait_until(lambda: decode_errors(envoy) >= before + 2, 10, message="the second bad slice was not counted")
+    r = get(port, NEW_ONLY)
+    assert (r.status, served_by(r)) == (200, "b"), r
+    assert get(port, NOWHERE).status == 404, "the last good membership (a, b) still stands"
+    assert fresh_members(envoy) == {A, B}
+    assert discovery_requests(env.fakes["c"]) == []
 
 
 def fail_verify(envoy) -> int:

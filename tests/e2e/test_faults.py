@@ -3,7 +3,8 @@
 * A peer killed mid-load: requests for GVRs only it serves get a 503 `Status` with `Retry-After` (never a
   404, never a hang past the cluster's connect timeout) and route to it again within one refresh after it
   returns.
-* A peer whose discovery answers 500, malformed JSON, a truncated body, a timeout or an oversized body keeps
+* A peer whose discovery answers 500, malformed JSON, a truncated body, a timeout, an oversized body or a
+  newer aggregated discovery version than the filter reads (v3; the log names it) keeps
   its last good data until the staleness limit (still routed to), then stays a member known to serve its
   resources: 503 `Status` with `Retry-After` for them, never a 404, however long it lasts (checked past 3× the
   staleness limit); the sync-error metric counts every failure by type.
@@ -111,6 +112,8 @@ FAULT_TYPES = {
     "truncated": "reset",
     "timeout": "timeout",
     "oversized": "oversized",
+    # A discovery version newer than the filter reads (v3 here): its own message, counted as decode.
+    "future": "decode",
 }
 MAX_DISCOVERY_BYTES = 1 << 20  # the real documents are < 100 KB; "oversized" sends 4 MiB
 
@@ -156,6 +159,13 @@ def test_bad_discovery_keeps_last_good_data_then_503_never_404_past_the_stalenes
         "kube-peer-proxy: the apiservers that"}, "a peer_unavailable 503, not a guarded 404"
     assert topo.counter(unavailable) - unavailable_before >= len(unserved)
     assert all(a.latency < CONNECT_TIMEOUT + 0.5 for a in answers), describe(sorted(answers, key=lambda a: -a.latency))
+    if fault == "future":
+        # The log says what happened, not a generic parse error: the version and what the filter reads.
+        lines = [l for l in topo.envoy.log_text().splitlines() if "unsupported aggregated discovery version v3" in l]
+        assert lines, "no log line names the unsupported discovery version"
+        print(lines[-1].strip())
+        assert ("discovery from b failed (decode)" in lines[-1] and "this filter reads v2 and v2beta1" in lines[-1]
+                and "g=apidiscovery.k8s.io;v=v3;as=APIGroupDiscoveryList" in lines[-1]), lines[-1]
 
     # The peer recovers: routed again within about one refresh once its discovery is good.
     set_fault(topo.b, "ok")

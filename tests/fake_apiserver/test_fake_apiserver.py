@@ -596,6 +596,23 @@ def test_fault_oversized(old):
     assert resp.json()["items"] == fixture("aggregated_v2.k8s-1.33.json")["items"]
 
 
+def test_fault_future(old):
+    set_fault(old, "future")
+    future = "application/json;g=apidiscovery.k8s.io;v=v3;as=APIGroupDiscoveryList"
+    for path, name in (("/apis", "aggregated_v2.k8s-1.33.json"), ("/api", None)):
+        for accept in (V2, "application/json"):
+            resp = get(old, path, accept)
+            assert resp.status == 200 and resp.headers["Content-Type"] == future, (path, accept)
+            doc = resp.json()
+            assert doc["kind"] == "APIGroupDiscoveryList" and doc["apiVersion"] == "apidiscovery.k8s.io/v3"
+            assert resp.headers["ETag"] == '"%s"' % hashlib.sha512(resp.body).hexdigest().upper()
+            if name:
+                assert doc["items"] == fixture(name)["items"]
+    # Legacy group-version documents are unchanged.
+    resp = get(old, "/apis/apps/v1")
+    assert resp.status == 200 and resp.json()["kind"] == "APIResourceList"
+
+
 # --- lifecycle --------------------------------------------------------------------------------------------------
 
 def test_stop_and_restart_on_same_port(cluster):

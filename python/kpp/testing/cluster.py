@@ -236,8 +236,9 @@ class APIServer:
             f"--endpoint-reconciler-type={'lease' if self.endpoints else 'none'}",
             "--v=1",
         ]
-        if self.minor >= 32:
-            f.append("--requestheader-uid-headers=X-Remote-Uid")  # the flag is new in v1.32
+        if self.minor >= 33:
+            # new in v1.32 behind the alpha RemoteRequestHeaderUID gate (refused without it); beta, on, in 1.33
+            f.append("--requestheader-uid-headers=X-Remote-Uid")
         if self.runtime_config:
             f.append(f"--runtime-config={self.runtime_config}")
         gates = {"UnknownVersionInteroperabilityProxy": self.mvp or self.advertise, **self.feature_gates}

@@ -139,6 +139,11 @@ fn parse_doc(path: &str, content_type: &str, body: &Body) -> Result<Doc, String>
         let list = documents::parse_aggregated_from(body.reader()).map_err(e)?;
         return Ok(Doc::Aggregated(Rc::new(list.items), None));
     }
+    if let Some(v) = documents::unsupported_aggregated_version(content_type) {
+        return Err(format!(
+            "unsupported aggregated discovery version {v} (Content-Type {content_type}); this filter reads v2 and v2beta1 (the last good data is kept)"
+        ));
+    }
     // Legacy documents are small (one group version each): parsed from a copy.
     let body = &body.to_vec();
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();

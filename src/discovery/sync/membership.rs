@@ -4,6 +4,12 @@
 //! ([`crate::discovery::endpoints`], parsed into the same peers). A new lease is a member fetched at
 //! once; a changed holder is a restart (its API set is unknown again); a lease that is gone or
 //! expired leaves when the round ends. The slice has no holder: a restart there is a leave, then a join.
+//!
+//! A membership document counts only if it lists this server itself: one that does not was written
+//! from a view that misses at least this server (a slice reconciled before its master lease was
+//! seen, up to 10 s after a start), or in a layout this filter does not know (a future version's
+//! identity label, namespace or annotation). Either way it may miss others, and trusting it would
+//! allow a false 404; it is a decode error, and the last good membership is kept (or it stays unknown).
 
 use super::{Outcome, Part, Server, Step, SyncErrorKind, Syncer};
 use crate::config::MembershipSource;
@@ -42,15 +48,41 @@ impl Syncer {
                 .as_deref()
                 .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
                 .map(|a| a.ip());
-            return endpoints::parse_endpoint_slice(&body.to_vec(), own, config.peer_port)
-                .map_err(|e| (SyncErrorKind::Decode, e));
+            let members = endpoints::parse_endpoint_slice_members(&body.to_vec(), own, config.peer_port)
+                .map_err(|e| (SyncErrorKind::Decode, e))?;
+            if !members.own_listed {
+                let ip = own.map_or_else(|| "no local_address".to_string(), |ip| ip.to_string());
+                return Err((
+                    SyncErrorKind::Decode,
+                    format!("EndpointSlice default/kubernetes does not list this server ({ip}): it is not yet written from a view that includes it, or lease_discovery.local_address is not its --advertise-address; the last membership is kept"),
+                ));
+            }
+            return Ok(members.peers);
         }
         let own = leases::Own {
             hostname: config.local_hostname.clone(),
             address: config.local_address.clone(),
         };
-        leases::parse_lease_list_at(&body.to_vec(), &own, &config.hosts, config.peer_port)
-            .map_err(|e| (SyncErrorKind::Decode, e))
+        let members = leases::parse_lease_members(&body.to_vec(), &own, &config.hosts, config.peer_port)
+            .map_err(|e| (SyncErrorKind::Decode, e))?;
+        if !members.own_listed {
+            let (who, check) = match (own.hostname.as_deref(), own.address.as_deref()) {
+                (Some(h), Some(a)) => (
+                    format!("hostname {h} or address {a}"),
+                    "local_hostname is not its hostname (label kubernetes.io/hostname) nor local_address its advertised address",
+                ),
+                (Some(h), None) => (format!("hostname {h}"), "local_hostname is not its hostname (label kubernetes.io/hostname)"),
+                (None, a) => (
+                    format!("address {}", a.unwrap_or("unset")),
+                    "local_address is not its advertised address (annotation kubernetes.io/peer-advertise-address, or the hosts map)",
+                ),
+            };
+            return Err((
+                SyncErrorKind::Decode,
+                format!("the identity lease list has no identity lease of this server ({who}): an unknown lease layout (label {}={}, namespace kube-system, holderIdentity set), or {check}; the last membership is kept", leases::IDENTITY_LABEL, leases::IDENTITY_VALUE),
+            ));
+        }
+        Ok(members.peers)
     }
 
     /// Applies a lease list: new live leases become members (fetched at once), a changed holder

@@ -9,6 +9,9 @@ Test controls (never logged as requests):
                                         limits the fault and the delay to those discovery paths (exact, e.g. "/api"
                                         but not "/api/v1"), the others answer normally. "401" answers the
                                         apiserver's `Unauthorized` Status, as for a rejected credential.
+                                        "future" answers `/api` and `/apis` (whatever the Accept) in an
+                                        aggregated discovery version no filter reads yet, AGGREGATED_FUTURE (v3):
+                                        the v2 document with apiVersion apidiscovery.k8s.io/v3.
   GET|POST|DELETE /__fake/serve         POST {"group", "version", "resource", "kind", "namespaced"} makes this
                                         instance serve one more resource type (every verb, over the shared store)
                                         without listing it in its discovery: a CRD in the window before the next
@@ -49,7 +52,10 @@ from kpp.testing.fake_apiserver.discovery import (AGGREGATED_V2, AGGREGATED_V2BE
                                          resolve_apiset, resource_entry)
 from kpp.testing.fake_apiserver.store import AlreadyExists, Conflict, Event, Expired, NotFound, Store
 
-FAULT_MODES = ("ok", "500", "401", "malformed", "truncated", "timeout", "oversized")
+FAULT_MODES = ("ok", "500", "401", "malformed", "truncated", "timeout", "oversized", "future")
+# What a future apiserver might answer `/api` and `/apis` with ("future" fault): an aggregated discovery version
+# no filter release reads yet, whatever the Accept header asked for.
+AGGREGATED_FUTURE = "application/json;g=apidiscovery.k8s.io;v=v3;as=APIGroupDiscoveryList"
 STREAMING_SUBRESOURCES = ("exec", "attach", "portforward")
 WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 FAULT_TIMEOUT_SECONDS = 30
@@ -395,6 +401,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if fault == "500":
             return self._send_status(_status(500, "InternalError", "Internal error occurred: injected discovery fault",
                                              {"causes": [{"message": "injected discovery fault"}]}))
+        if fault == "future" and parts in (["api"], ["apis"]):
+            document = json.loads(self.instance.apiset.aggregated(parts[0], AGGREGATED_V2))
+            body = encode({**document, "apiVersion": "apidiscovery.k8s.io/v3"})
+            return self._send(200, body, AGGREGATED_FUTURE, {"ETag": etag(body), "Vary": "Accept",
+                                                             "Cache-Control": "public"})
         document = self._discovery_document(parts)
         if document is None:
             return
