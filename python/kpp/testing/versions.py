@@ -253,6 +253,16 @@ def candidate_group_versions(env: StepEnv) -> set[tuple[str, str]]:
         r = env.direct(name, "/apis", headers={"Accept": "application/json"})
         assert r.status == 200 and r.json()["kind"] == "APIGroupList", r
         out |= {(g["name"], v["version"]) for g in r.json()["groups"] for v in g["versions"]}
+        # The OpenAPI v3 index (GA since 1.27) lists every group version the server's own handlers serve,
+        # whatever the APIService objects say: the one list a legacy-only server has that does not flicker.
+        r = env.direct(name, "/openapi/v3", headers={"Accept": "application/json"})
+        assert r.status == 200, (name, r)
+        for key in r.json().get("paths") or {}:
+            parts = key.split("/")
+            if parts[0] == "api" and len(parts) == 2:
+                out.add(("", parts[1]))
+            elif parts[0] == "apis" and len(parts) == 3:
+                out.add((parts[1], parts[2]))
     return out
 
 
