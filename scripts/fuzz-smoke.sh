@@ -16,7 +16,7 @@ if ! cargo fuzz --version 2>/dev/null | grep -q "$CARGO_FUZZ_VERSION"; then
     cargo install --locked "cargo-fuzz@$CARGO_FUZZ_VERSION"
 fi
 cargo +nightly fuzz build
-targets=(request_info discovery config leases endpoint_slice not_found identity buckets header_map)
+targets=(request_info discovery config leases endpoint_slice not_found identity buckets header_map openapi_index)
 for target in "${targets[@]}"; do
     out="$(mktemp -d)"
     echo "fuzz-smoke: $target for ${SECONDS_EACH}s"

@@ -155,6 +155,17 @@ const WIDGETS_V1: &str = r#"{"kind":"APIResourceList","apiVersion":"v1","groupVe
 const WIDGETS_V1BETA1: &str = r#"{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"widgets.example.com/v1beta1","resources":[
   {"name":"gadgets","singularName":"gadget","namespaced":false,"kind":"Gadget","verbs":["get"]}]}"#;
 
+/// peer-c's OpenAPI v3 index (`/openapi/v3`): the group versions of its walk, and other paths.
+const PEER_C_INDEX: &str = r#"{"paths":{
+  ".well-known/openid-configuration":{"serverRelativeURL":"/openapi/v3/.well-known/openid-configuration?hash=1"},
+  "api":{"serverRelativeURL":"/openapi/v3/api?hash=2"},
+  "api/v1":{"serverRelativeURL":"/openapi/v3/api/v1?hash=3"},
+  "apis":{"serverRelativeURL":"/openapi/v3/apis?hash=4"},
+  "apis/apps/v1":{"serverRelativeURL":"/openapi/v3/apis/apps/v1?hash=5"},
+  "apis/widgets.example.com/v1":{"serverRelativeURL":"/openapi/v3/apis/widgets.example.com/v1?hash=6"},
+  "apis/widgets.example.com/v1beta1":{"serverRelativeURL":"/openapi/v3/apis/widgets.example.com/v1beta1?hash=7"},
+  "version":{"serverRelativeURL":"/openapi/v3/version?hash=8"}}}"#;
+
 /// local: 1.33 `/apis` + core without `pods/resize`; peer-b: 1.37-dev `/apis` + core with
 /// `pods/resize`; peer-c: a legacy-only server (APIVersions / APIGroupList).
 fn fake() -> Fake {
@@ -172,6 +183,13 @@ fn fake() -> Fake {
         true,
     );
     f.doc("peer-c", "/apis", LEGACY_CT, LEGACY_GROUPS.as_bytes().to_vec(), true);
+    f.doc(
+        "peer-c",
+        "/openapi/v3",
+        LEGACY_CT,
+        PEER_C_INDEX.as_bytes().to_vec(),
+        true,
+    );
     // Legacy discovery from real servers often has no ETag.
     f.doc(
         "peer-c",
@@ -488,6 +506,7 @@ fn legacy_server_gets_follow_up_fetches() {
         "/apis/apps/v1",
         "/apis/widgets.example.com/v1",
         "/apis/widgets.example.com/v1beta1",
+        "/openapi/v3",
     ]
     .iter()
     .map(|p| p.to_string())
@@ -498,7 +517,12 @@ fn legacy_server_gets_follow_up_fetches() {
         ["/api".to_string(), "/apis".to_string()].into_iter().collect()
     );
     for f in r.fetches.iter().filter(|f| f.cluster == "peer-c") {
-        assert_eq!(header(f, "accept"), Some(DISCOVERY_ACCEPT), "{}", f.path());
+        let accept = if f.path() == "/openapi/v3" {
+            "application/json"
+        } else {
+            DISCOVERY_ACCEPT
+        };
+        assert_eq!(header(f, "accept"), Some(accept), "{}", f.path());
         assert_eq!(header(f, PEER_PROXIED_HEADER), Some("true"), "{}", f.path());
         assert_eq!(header(f, ":authority"), Some("kube.example"), "{}", f.path());
         assert_eq!(header(f, "authorization"), Some("Bearer t0ken"), "{}", f.path());
@@ -539,9 +563,10 @@ fn real_legacy_group_list_is_walked() {
     );
     f.doc("local", "/apis", LEGACY_CT, fixture("legacy_apis.k8s-1.31.json"), false);
     let r = round(&mut s, &f, 0);
-    assert!(r.errors.is_empty(), "{:?}", r.errors);
-    // 2 roots + /api/v1 + 32 group versions.
-    assert_eq!(r.fetches.len(), 35);
+    // No OpenAPI index here (404): the group list alone is walked.
+    assert_eq!(r.error_kinds(), [("local", "http_status")]);
+    // 2 roots + /api/v1 + 32 group versions + /openapi/v3.
+    assert_eq!(r.fetches.len(), 36);
     let p = r.publish.expect("snapshot");
     let groups = serde_json::from_slice::<serde_json::Value>(&fixture("legacy_apis.k8s-1.31.json")).expect("json");
     for g in groups["groups"].as_array().expect("groups") {
@@ -598,10 +623,10 @@ fn etags_are_sent_and_304_reuses_the_cache() {
         );
     }
     // Every document with an ETag was answered 304; /apis/apps/v1 on peer-c (no ETag) was fetched in full.
-    assert_eq!(fake.not_modified.get(), 9);
+    assert_eq!(fake.not_modified.get(), 10);
     assert_eq!(
         second.fetches.len(),
-        10,
+        11,
         "legacy follow-ups are issued again from the cached documents"
     );
     assert!(second.publish.is_none(), "nothing changed: no republish");
@@ -1134,7 +1159,7 @@ fn partially_answered_round_ends_at_the_deadline() {
     let r = round(&mut s, &fake, 0);
     assert!(r.errors.is_empty());
     assert!(r.publish.is_none(), "the round waits for peer-b");
-    let step = s.on_tick(2500);
+    let step = s.on_tick(3500);
     let kinds: Vec<(&str, &str)> = step
         .errors
         .iter()
@@ -1144,7 +1169,7 @@ fn partially_answered_round_ends_at_the_deadline() {
     let p = step.publish.expect("snapshot");
     assert_eq!(p.table.servers.len(), 3);
     assert_eq!(p.table.known_groups, 0b101, "peer-b's /apis never answered");
-    assert_eq!(p.table.built_ms, 2500);
+    assert_eq!(p.table.built_ms, 3500);
     assert_eq!(step.fetches.len(), 6, "next round is due (started at 0, refresh 1s)");
 }
 
@@ -2012,4 +2037,196 @@ fn endpoints_mode_a_missing_or_malformed_slice_keeps_the_last_good_membership() 
     fake.set("local", SLICE, endpoint_slice(&["127.0.0.11", "127.0.0.14"]));
     let r = round(&mut s, &fake, 10_000);
     assert_eq!(names(&r.publish.expect("snapshot").table), ["127.0.0.11", "127.0.0.14"]);
+}
+
+/// peer-c's index with what its `APIGroupList` lacks: another member's autoregister controller
+/// deleted the APIService `v1beta1.admissionregistration.k8s.io` (peer-c still serves it), the
+/// remote `wardle.example/v1alpha1`, and `widgets.example.com/v1alpha1` (404: not served after all).
+const PEER_C_INDEX_MORE: &str = r#"{"paths":{
+  "api/v1":{"serverRelativeURL":"/openapi/v3/api/v1?hash=3"},
+  "apis/apps/v1":{"serverRelativeURL":"/openapi/v3/apis/apps/v1?hash=5"},
+  "apis/admissionregistration.k8s.io/v1beta1":{"serverRelativeURL":"/openapi/v3/apis/admissionregistration.k8s.io/v1beta1?hash=9"},
+  "apis/wardle.example/v1alpha1":{"serverRelativeURL":"/openapi/v3/apis/wardle.example/v1alpha1?hash=10"},
+  "apis/widgets.example.com/v1":{"serverRelativeURL":"/openapi/v3/apis/widgets.example.com/v1?hash=6"},
+  "apis/widgets.example.com/v1alpha1":{"serverRelativeURL":"/openapi/v3/apis/widgets.example.com/v1alpha1?hash=11"},
+  "apis/widgets.example.com/v1beta1":{"serverRelativeURL":"/openapi/v3/apis/widgets.example.com/v1beta1?hash=7"},
+  "logs":{"serverRelativeURL":"/openapi/v3/logs?hash=12"}}}"#;
+
+const VAP_V1BETA1: &str = r#"{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"admissionregistration.k8s.io/v1beta1","resources":[
+  {"name":"validatingadmissionpolicies","singularName":"validatingadmissionpolicy","namespaced":false,"kind":"ValidatingAdmissionPolicy","verbs":["get","list"]},
+  {"name":"validatingadmissionpolicies/status","singularName":"","namespaced":false,"kind":"ValidatingAdmissionPolicy","verbs":["get"]}]}"#;
+
+const FLUNDERS: &str = r#"{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"wardle.example/v1alpha1","resources":[
+  {"name":"flunders","singularName":"flunder","namespaced":true,"kind":"Flunder","verbs":["get","list"]}]}"#;
+
+fn fake_with_index() -> Fake {
+    let mut f = fake();
+    f.doc(
+        "peer-c",
+        "/openapi/v3",
+        LEGACY_CT,
+        PEER_C_INDEX_MORE.as_bytes().to_vec(),
+        true,
+    );
+    f.doc(
+        "peer-c",
+        "/apis/admissionregistration.k8s.io/v1beta1",
+        LEGACY_CT,
+        VAP_V1BETA1.as_bytes().to_vec(),
+        false,
+    );
+    f.doc(
+        "peer-c",
+        "/apis/wardle.example/v1alpha1",
+        LEGACY_CT,
+        FLUNDERS.as_bytes().to_vec(),
+        true,
+    );
+    f
+}
+
+fn assert_index_walked(t: &Table) {
+    let vap = resource_key("admissionregistration.k8s.io", "v1beta1", "validatingadmissionpolicies");
+    assert_eq!(t.servers_for(&vap) & (1 << PEER_C), 1 << PEER_C, "peer-c serves it");
+    assert_eq!(
+        route(t, "GET", "/apis/wardle.example/v1alpha1/namespaces/a/flunders"),
+        to(PEER_C, "wardle.example", "v1alpha1", "flunders")
+    );
+    assert!(!t.incomplete("admissionregistration.k8s.io", "v1beta1"));
+    assert!(!t.incomplete("wardle.example", ""));
+    assert!(
+        !t.incomplete("widgets.example.com", "v1alpha1"),
+        "a 404 is not served there, not unknown"
+    );
+    assert_eq!(
+        route(t, "GET", "/apis/widgets.example.com/v1alpha1/widgets"),
+        Decision::Local(LocalReason::NotServedAnywhere),
+        "nobody serves it: a genuine 404"
+    );
+}
+
+#[test]
+fn group_versions_only_the_openapi_index_lists_are_walked() {
+    let mut s = Syncer::new(&config());
+    let fake = fake_with_index();
+    let r = round(&mut s, &fake, 0);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    let paths = r.paths("peer-c");
+    for p in [
+        "/openapi/v3",
+        "/apis/admissionregistration.k8s.io/v1beta1",
+        "/apis/wardle.example/v1alpha1",
+        "/apis/widgets.example.com/v1alpha1",
+    ] {
+        assert!(paths.contains(p), "{p}: {paths:?}");
+    }
+    assert!(
+        !r.paths("peer-b").contains("/openapi/v3"),
+        "aggregated servers need no index"
+    );
+    assert!(!r.paths("local").contains("/openapi/v3"));
+    let index = r
+        .fetches
+        .iter()
+        .find(|f| f.cluster == "peer-c" && f.path() == "/openapi/v3")
+        .expect("index fetch");
+    assert_eq!(header(index, PEER_PROXIED_HEADER), Some("true"));
+    assert_eq!(header(index, "authorization"), Some("Bearer t0ken"));
+    assert_eq!(header(index, ":authority"), Some("kube.example"));
+    let p = r.publish.expect("snapshot");
+    assert_index_walked(&p.table);
+    // The index's versions join their group: one widgets group, its versions in walk order.
+    let merged = parse_aggregated(&p.merged_apis()).expect("merged");
+    let widgets: Vec<_> = merged
+        .items
+        .iter()
+        .filter(|g| g.metadata.name == "widgets.example.com")
+        .collect();
+    assert_eq!(widgets.len(), 1);
+
+    // Next round the index is a 304 (its ETag is sent): the same walk, nothing changes.
+    let again = round(&mut s, &fake, 1000);
+    assert!(again.errors.is_empty(), "{:?}", again.errors);
+    let index = again
+        .fetches
+        .iter()
+        .find(|f| f.cluster == "peer-c" && f.path() == "/openapi/v3")
+        .expect("index fetch");
+    assert!(header(index, "if-none-match").is_some());
+    assert!(again.paths("peer-c").contains("/apis/wardle.example/v1alpha1"));
+    assert!(again.publish.is_none(), "unchanged");
+}
+
+#[test]
+fn without_an_openapi_index_the_group_list_alone_is_walked() {
+    let mut s = Syncer::new(&config());
+    let mut fake = fake_with_index();
+    for (status, body) in [
+        (404, &b"404 page not found\n"[..]),
+        (403, br#"{"kind":"Status","code":403}"#),
+    ] {
+        fake.set("peer-c", "/openapi/v3", response(status, "application/json", body));
+        let r = round(&mut s, &fake, 0);
+        assert_eq!(r.error_kinds(), [("peer-c", "http_status")], "{status}");
+        assert!(!r.paths("peer-c").contains("/apis/wardle.example/v1alpha1"));
+        let t = r.publish.expect("snapshot").table;
+        assert_eq!(
+            route(&t, "GET", "/apis/widgets.example.com/v1beta1/gadgets"),
+            to(PEER_C, "widgets.example.com", "v1beta1", "gadgets")
+        );
+        assert_eq!(
+            route(&t, "GET", "/apis/wardle.example/v1alpha1/namespaces/a/flunders"),
+            Decision::Local(LocalReason::NotServedAnywhere)
+        );
+        s = Syncer::new(&config());
+    }
+}
+
+#[test]
+fn a_malformed_or_failed_openapi_index_keeps_the_last_good_one() {
+    let mut s = Syncer::new(&config());
+    let good = fake_with_index();
+    let first = round(&mut s, &good, 0);
+    assert!(first.errors.is_empty(), "{:?}", first.errors);
+    let mut now = 0;
+    for (outcome, kind) in [
+        (response(200, "application/json", b"{\"paths\":"), "decode"),
+        (response(200, "application/json", b"[]"), "decode"),
+        (response(404, "text/plain", b"404 page not found\n"), "http_status"),
+        (Some(Outcome::NoResponse), "reset"),
+    ] {
+        now += 1000;
+        let mut bad = good.clone();
+        bad.set("peer-c", "/openapi/v3", outcome);
+        let r = round(&mut s, &bad, now);
+        assert_eq!(r.error_kinds(), [("peer-c", kind)]);
+        assert!(
+            r.paths("peer-c").contains("/apis/wardle.example/v1alpha1"),
+            "the last good index is followed"
+        );
+        assert!(r.publish.is_none(), "nothing lost: no change ({kind})");
+    }
+    assert_index_walked(&first.publish.expect("snapshot").table);
+}
+
+#[test]
+fn a_listed_group_version_that_answers_404_is_not_served_not_unknown() {
+    // The APIGroupList follows the shared APIService objects: it may list what this server does
+    // not serve (another member's autoregister controller created the APIService).
+    let mut s = Syncer::new(&config());
+    let mut fake = fake();
+    fake.docs
+        .remove(&("peer-c".to_string(), "/apis/widgets.example.com/v1beta1".to_string()));
+    let r = round(&mut s, &fake, 0);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    let t = r.publish.expect("snapshot").table;
+    assert!(!t.incomplete("widgets.example.com", "v1beta1"));
+    assert_eq!(
+        route(&t, "GET", "/apis/widgets.example.com/v1beta1/gadgets"),
+        Decision::Local(LocalReason::NotServedAnywhere)
+    );
+    assert_eq!(
+        route(&t, "GET", "/apis/widgets.example.com/v1/widgets"),
+        to(PEER_C, "widgets.example.com", "v1", "widgets")
+    );
 }

@@ -8,4 +8,5 @@ pub mod endpoints;
 pub mod interned;
 pub mod leases;
 pub mod merge;
+pub mod openapi_index;
 pub mod sync;

@@ -277,7 +277,7 @@ def assert_plain_404(resp):
     "/apis/nope.example.com/v1/things",
     "/api/v2/pods",
     "/openapi/v2",
-    "/openapi/v3",
+    "/openapi/v3/apis/apps/v1",  # the index itself is served (test_openapi_v3_index_lists_every_group_version)
     "/metrics",
     "/",
 ])
@@ -943,3 +943,11 @@ def test_kubernetes_endpoints_control(cluster, old):
     assert call(old, "DELETE", "/__fake/kubernetes-endpoints").status == 404
     assert get(old, SLICE).status == 404
     assert old.requests() and all(not q["path"].startswith("/__fake") for q in old.requests())
+
+
+def test_openapi_v3_index_lists_every_group_version(cluster):
+    inst = cluster.start("idx", apiset="new")
+    paths = get(inst, "/openapi/v3").json()["paths"]
+    assert {"api/v1", "apis/apps/v1", "apis/resource.k8s.io/v1"} <= set(paths)
+    inst.openapi_index = False
+    assert get(inst, "/openapi/v3").status == 404

@@ -4,7 +4,7 @@
 use std::rc::Rc;
 
 use super::{Body, Doc, Outcome, SyncErrorKind, Syncer};
-use crate::discovery::documents;
+use crate::discovery::{documents, openapi_index};
 
 /// A discovery call's answer. Envoy's router stamps every upstream answer with
 /// `x-envoy-upstream-service-time`; its own 503 for a connect failure lacks it, and that is the
@@ -124,12 +124,18 @@ impl Syncer {
                 }
                 Ok(doc)
             }
-            404 if path == "/api" => Ok(Doc::Absent),
+            404 if path == "/api" || is_version_path(path) => Ok(Doc::Absent),
             503 => Err((SyncErrorKind::Unavailable, "HTTP 503".into())),
             504 => Err((SyncErrorKind::Timeout, "HTTP 504".into())),
             other => Err((SyncErrorKind::HttpStatus, format!("HTTP {other}"))),
         }
     }
+}
+
+/// `/api/<v>` or `/apis/<g>/<v>`: a legacy walk's group version.
+fn is_version_path(path: &str) -> bool {
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    matches!(segments.as_slice(), ["api", _] | ["apis", _, _])
 }
 
 fn parse_doc(path: &str, content_type: &str, body: &Body) -> Result<Doc, String> {
@@ -148,6 +154,7 @@ fn parse_doc(path: &str, content_type: &str, body: &Body) -> Result<Doc, String>
     let body = &body.to_vec();
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     match segments.as_slice() {
+        ["openapi", "v3"] => Ok(Doc::OpenApiIndex(openapi_index::parse_openapi_index(body)?)),
         ["api"] => Ok(Doc::ApiVersions(
             documents::parse_api_versions(body).map_err(e)?.versions,
         )),

@@ -3,7 +3,10 @@
 //!
 //! Each round fetches `/api` and `/apis` from every member with the `profile=nopeer` Accept list
 //! and `x-kubernetes-peer-proxied: true`, reusing ETags so unchanged documents cost a 304. A server
-//! that answers legacy discovery is walked through `/api/<v>` and `/apis/<g>/<v>`.
+//! that answers legacy discovery is walked through `/api/<v>` and `/apis/<g>/<v>`: the group
+//! versions of its `APIGroupList` and of its OpenAPI v3 index (`/openapi/v3`, see
+//! [`crate::discovery::openapi_index`]: the `APIGroupList` follows the APIService objects shared by
+//! every member, the index what the server itself serves).
 //!
 //! Membership is separate from freshness: a member is every configured server, or in lease mode
 //! every server whose identity lease is live (or whose IP the EndpointSlice `default/kubernetes`
@@ -246,6 +249,8 @@ enum Purpose {
     CoreVersion(usize),
     /// Index into the groups part's legacy walk.
     GroupVersion(usize),
+    /// `/openapi/v3` (legacy servers): more group versions to walk.
+    OpenApiIndex,
     /// The membership document (lease mode; fetched from the local server): the identity lease
     /// list, or the EndpointSlice `default/kubernetes`.
     Members,
@@ -259,8 +264,11 @@ enum Doc {
     ApiVersions(Vec<String>),
     GroupList(Vec<(String, Vec<String>)>),
     ResourceList(VersionDiscovery),
-    /// `/api` answered 404 (aggregated API servers have no core group).
+    /// `/api` answered 404 (aggregated API servers have no core group), or a group version's
+    /// `/api/<v>` or `/apis/<g>/<v>` did (the server does not serve it).
     Absent,
+    /// The group versions of an OpenAPI v3 index.
+    OpenApiIndex(Vec<(String, String)>),
     /// What the cache holds for an aggregated document: a 304 means "keep the server's current
     /// data", so the (large) parsed document is not kept twice or cloned.
     Unchanged,
@@ -275,8 +283,20 @@ enum PartWork {
     /// 304: the part's data is current.
     Unchanged,
     Docs(Rc<Vec<GroupDiscovery>>, Option<String>),
-    /// A legacy walk: `(group, version, resources if that fetch succeeded)`, in the server's order.
-    Legacy(Vec<(String, String, Option<VersionDiscovery>)>),
+    /// A legacy walk: `(group, version, what its fetch said)`, in the server's order (the
+    /// `APIGroupList`'s, then the OpenAPI index's other group versions).
+    Legacy(Vec<(String, String, Walked)>),
+}
+
+/// What the fetch of one group version of a legacy walk said.
+#[derive(Debug, Default)]
+enum Walked {
+    /// No usable answer (yet): its previous resources are kept, or it is unknown.
+    #[default]
+    Failed,
+    /// 404: not served there (known, not unknown).
+    NotServed,
+    Served(VersionDiscovery),
 }
 
 #[derive(Debug, Default)]
@@ -286,6 +306,10 @@ struct Work {
     unreachable: bool,
     core: PartWork,
     groups: PartWork,
+    /// `/openapi/v3` was asked for this round.
+    index_asked: bool,
+    /// Its answer (or failure) is in: the walk follows [`Server::openapi`].
+    index_in: bool,
 }
 
 /// One part of a server's API set as last learned.
@@ -319,6 +343,9 @@ struct Server {
     /// Whether the server answered its last finished round (even with an unusable document).
     reachable: bool,
     cache: HashMap<String, (String, Doc)>,
+    /// The group versions of the last good OpenAPI v3 index (legacy servers), kept when a later
+    /// one fails.
+    openapi: Vec<(String, String)>,
     work: Work,
     /// Its lease is gone: leaves when the round ends (in-flight fetches still name it).
     leaving: bool,
@@ -336,6 +363,7 @@ impl Server {
             groups: Part::default(),
             reachable: true,
             cache: HashMap::new(),
+            openapi: Vec::new(),
             work: Work::default(),
             leaving: false,
             refetch: false,

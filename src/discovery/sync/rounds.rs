@@ -31,10 +31,10 @@ impl Syncer {
             return step;
         }
         self.next_round_ms = now_ms.saturating_add(self.refresh_ms);
-        // Legacy servers (and new lease members) need a second phase of fetches, hence room for
-        // two timeouts and slack.
+        // Legacy servers need a second phase of fetches (the walk and `/openapi/v3`) and a third
+        // (the group versions only the OpenAPI index lists), hence room for three timeouts and slack.
         self.round_deadline_ms =
-            Some(now_ms.saturating_add(self.fetch_timeout_ms.saturating_mul(2).saturating_add(500)));
+            Some(now_ms.saturating_add(self.fetch_timeout_ms.saturating_mul(3).saturating_add(500)));
         self.expire_leases(now_ms);
         if let Some(source) = self.leases.as_ref().map(|l| l.source) {
             let local = self.servers.iter().position(|s| s.reference.local).unwrap_or(0);
@@ -63,7 +63,7 @@ impl Syncer {
     pub(super) fn fetch(&mut self, server: usize, path: String, purpose: Purpose) -> Fetch {
         let id = self.next_id;
         self.next_id += 1;
-        let accept = if purpose == Purpose::Members {
+        let accept = if matches!(purpose, Purpose::Members | Purpose::OpenApiIndex) {
             "application/json"
         } else {
             DISCOVERY_ACCEPT
@@ -132,6 +132,10 @@ impl Syncer {
                         kind,
                         detail: format!("{path}: {detail}"),
                     });
+                    if purpose == Purpose::OpenApiIndex {
+                        // The walk follows the last good index (or the APIGroupList alone).
+                        self.index_in(si, None, &mut step);
+                    }
                 }
             }
             if let Some(s) = self.servers.get_mut(si) {

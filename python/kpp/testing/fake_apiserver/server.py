@@ -238,6 +238,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return self._send(200, b"ok", TEXT)
         if trimmed == "/version":
             return self._send_json(200, self.instance.version_info())
+        if trimmed == "/openapi/v3" and self.command == "GET":
+            if not self.instance.openapi_index:
+                return self._send(404, NOT_FOUND_TEXT, TEXT)
+            return self._send_json(200, self.instance.openapi_v3_index())
         try:
             target = requestinfo.parse(path)
         except ValueError as err:
@@ -439,7 +443,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 return apiset.aggregated(parts[0], media_type), media_type
             if parts == ["api"]:
                 return encode(apiset.api_versions(f"{self.instance.host}:{self.instance.port}")), JSON
-            return encode(apiset.group_list()), JSON
+            return encode(self.instance.group_list()), JSON
         if parts[0] == "api" or len(parts) == 3:
             group, version = ("", parts[1]) if parts[0] == "api" else (parts[1], parts[2])
             document = apiset.resource_list(group, version) if apiset.serves_version(group, version) else None
@@ -814,6 +818,11 @@ class Instance:
         # (group, version, resource) → APIResourceDiscovery of types served but not in discovery (/__fake/serve).
         self.extra_resources: dict[tuple[str, str, str], dict] = {}
         self.oversized_bytes = OVERSIZED_BYTES
+        # `/openapi/v3` (the index kube-apiserver serves from its own handlers since 1.27); False: 404 there.
+        self.openapi_index = True
+        # Group versions served but left out of the legacy APIGroupList, as kube-apiserver's aggregator does
+        # while another server's autoregister controller has deleted their APIService in the shared etcd.
+        self.unlisted_group_versions: set[tuple[str, str]] = set()
         self._log = deque(maxlen=REQUEST_LOG_SIZE)
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
@@ -865,6 +874,28 @@ class Instance:
     def resource(self, group: str, version: str, resource: str) -> dict | None:
         """The APIResourceDiscovery requests to a resource are served by, None when not served."""
         return self.apiset.resource(group, version, resource) or self.extra_resources.get((group, version, resource))
+
+    def group_list(self) -> dict:
+        """The legacy APIGroupList, without `unlisted_group_versions` (a group left with none is left out)."""
+        doc = json.loads(json.dumps(self.apiset.group_list()))
+        groups = []
+        for g in doc.get("groups") or []:
+            g["versions"] = [v for v in g["versions"] if (g["name"], v["version"]) not in self.unlisted_group_versions]
+            if g["versions"]:
+                if g.get("preferredVersion", {}).get("version") not in {v["version"] for v in g["versions"]}:
+                    g["preferredVersion"] = g["versions"][0]
+                groups.append(g)
+        doc["groups"] = groups
+        return doc
+
+    def openapi_v3_index(self) -> dict:
+        """`GET /openapi/v3` as kube-openapi's handler3 writes it: one `paths` key per group version served
+        (`api/v1`, `apis/<g>/<v>`) and the root paths, each with its `serverRelativeURL`."""
+        keys = ["api", "apis", "version", ".well-known/openid-configuration"]
+        keys += [f"api/{v}" for v in self.apiset.api_versions("")["versions"]]
+        keys += [f"apis/{g['name']}/{v['version']}" for g in self.apiset.group_list().get("groups") or []
+                 for v in g["versions"]]
+        return {"paths": {k: {"serverRelativeURL": f"/openapi/v3/{k}?hash={'0' * 128}"} for k in keys}}
 
     def version_info(self) -> dict:
         minor = self.apiset.minor
