@@ -11,8 +11,9 @@ from pathlib import Path
 
 from kpp.testing import harness
 from kpp.testing.cluster import A_RUNTIME_CONFIG, DEFAULT_VERSION, ControlPlane
+from kpp.testing import envoyfront
 from kpp.testing.envoyfront import Front
-from kpp.testing.proc import Response, client_tls, request
+from kpp.testing.proc import Response, api_request
 
 V2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 NOPEER = V2 + ";profile=nopeer"
@@ -32,18 +33,8 @@ def from_access_log(envoy, find, message: str = "", interval: float = 0.2):
 Resp = Response
 
 
-def http(base: str, path: str, method: str = "GET", body=None, token: str | None = None,
-         headers: dict | None = None, ca: Path | None = None, timeout: float = 20.0) -> Resp:
-    """Plain HTTP(S) client; the bearer token is the caller's, never anything the proxy adds."""
-    h = dict(headers or {})
-    if token:
-        h["Authorization"] = f"Bearer {token}"
-    data = None
-    if body is not None:
-        data = json.dumps(body).encode()
-        h.setdefault("Content-Type", "application/json")
-    return request(base + path, method=method, headers=h, body=data, timeout=timeout,
-                   context=client_tls(ca) if base.startswith("https://") else None)
+# Plain HTTP(S) client; the bearer token is the caller's, never anything the proxy adds.
+http = api_request
 
 
 def gvrs(doc: dict) -> set[tuple[str, str, str]]:
@@ -92,14 +83,7 @@ class Env:
         return self.cp.kubectl_run(kubeconfig, *args, check=check, timeout=timeout, input=input)
 
     def dump(self) -> str:
-        out = []
-        for s in self.cp.servers.values():
-            out.append(f"===== kube-apiserver {s.name} ({s.proc.log_path if s.proc else '-'}) =====")
-            out.append(s.proc.log_tail(40) if s.proc else "")
-        for name, f in self.fronts.items():
-            out.append(f"===== envoy {name} ({f.envoy.log_path}) =====")
-            out.append(f.envoy.log_tail(30))
-        return "\n".join(out)
+        return envoyfront.dump(self.cp, self.fronts)
 
 
 def start_env(workdir: Path, servers: list[tuple[str, str, str]], mvp: bool = False) -> Env:

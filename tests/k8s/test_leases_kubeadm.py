@@ -24,7 +24,8 @@ import time
 import pytest
 
 from kpp.testing import harness
-from kpp.testing.kubeadm_node import APISERVER_PORT, PEER_PORT, KubeadmCluster, kubeconfig_credentials
+from kpp.testing.kubeadm_node import (APISERVER_PORT, PEER_PORT, KubeadmCluster, filter_metric,
+                                      kubeconfig_credentials, server_fresh)
 from k8senv import from_access_log, serving
 
 SELECTOR = "?labelSelector=apiserver.kubernetes.io%2Fidentity%3Dkube-apiserver"
@@ -48,18 +49,7 @@ def lease_mode(node, **extra):
     return {"leases": {"local_hostname": node.hostname, **extra.pop("leases", {})}, **extra}
 
 
-def metric(node, name: str) -> dict[tuple, int]:
-    """{(label values...): value} of one of the filter's metrics on the node's Envoy."""
-    out = {}
-    for k, v in node.envoy.stats(f"kube_peer_proxy_{name};").items():
-        labels = dict(p.split("=", 1) for p in k.split(";")[1:])
-        out[tuple(sorted(labels.items()))] = v
-    return out
-
-
-def fresh(node) -> dict[str, int]:
-    """server → kube_peer_proxy_server_fresh on the node's Envoy."""
-    return {dict(k)["server"]: v for k, v in metric(node, "server_fresh").items()}
+metric, fresh = filter_metric, server_fresh
 
 
 def sync_errors(node, server: str) -> dict[str, int]:

@@ -37,6 +37,24 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("step", selected_steps(), indirect=True, scope="module")
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "membership_steps_only: runs only on the steps with membership=True "
+                                       "(the oldest and the newest); deselected, not skipped, on the others")
+
+
+def pytest_collection_modifyitems(config, items):
+    keep, drop = [], []
+    for item in items:
+        step_id = _step_of(item)
+        if step_id and item.get_closest_marker("membership_steps_only") and not versions.BY_ID[step_id].membership:
+            drop.append(item)
+        else:
+            keep.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 @pytest.fixture(scope="module")
 def step(request):
     return versions.BY_ID[request.param]

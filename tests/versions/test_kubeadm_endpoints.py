@@ -18,7 +18,7 @@ import pytest
 
 from kpp.testing import harness, netns
 from kpp.testing.cluster import DEFAULT_VERSION, SKEW_OLD_VERSION
-from kpp.testing.kubeadm_node import APISERVER_PORT, PEER_PORT, KubeadmCluster, kubeconfig_credentials
+from kpp.testing.kubeadm_node import PEER_PORT, KubeadmCluster, kubeconfig_credentials, server_fresh
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -28,12 +28,7 @@ SLICE = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/kubernetes"
 FIRST_INDEX = 5  # node IPs 198.18.0.15-18 (kpp.testing.netns)
 
 
-def fresh(node) -> dict[str, int]:
-    out = {}
-    for k, v in node.envoy.stats("kube_peer_proxy_server_fresh;").items():
-        labels = dict(p.split("=", 1) for p in k.split(";")[1:])
-        out[labels["server"]] = v
-    return out
+fresh = server_fresh
 
 
 def slice_ips(node) -> set[str]:
@@ -61,19 +56,6 @@ def served_by(client, path, server, cert):
                               message=f"{r.audit_id} not in {client.name}'s access log")
     assert sent["upstream_host"] == f"{server.node_ip}:{PEER_PORT}", sent
     return ev
-
-
-def wait_code(node, path, want, cert, timeout, allowed=(503,)):
-    seen = []
-
-    def ok():
-        r = node.via(path, cert=cert[0], key=cert[1])
-        seen.append(r.status)
-        assert r.status in (want, *allowed), (r, seen[-10:])
-        return r.status == want
-    t0 = time.monotonic()
-    harness.wait_until(ok, timeout, 0.3, message=f"{path} via {node.name}: no {want} in {timeout}s: {seen[-10:]}")
-    return time.monotonic() - t0
 
 
 @pytest.fixture(scope="module")

@@ -112,3 +112,15 @@ class Front:
                 except OSError:
                     pass
         return out
+
+
+def dump(cp: ControlPlane, fronts: dict[str, "Front"], lines: int = 40) -> str:
+    """The tails of every apiserver's and every Envoy's log (what a failed test's report shows)."""
+    out = []
+    for s in cp.servers.values():
+        out.append(f"===== kube-apiserver {s.name} {s.version} ({s.proc.log_path if s.proc else '-'}) =====")
+        out.append(s.proc.log_tail(lines) if s.proc else "")
+    for name, f in fronts.items():
+        out.append(f"===== envoy {name} ({f.envoy.log_path}) =====")
+        out.append(f.envoy.log_tail(lines))
+    return "\n".join(out)

@@ -271,6 +271,20 @@ class Etcd:
             self.proc.stop()
 
 
+
+def filter_metric(node, name: str) -> dict[tuple, int]:
+    """{(label values...): value} of one of the filter's metrics on the node's Envoy."""
+    out = {}
+    for k, v in node.envoy.stats(f"kube_peer_proxy_{name};").items():
+        labels = dict(p.split("=", 1) for p in k.split(";")[1:])
+        out[tuple(sorted(labels.items()))] = v
+    return out
+
+
+def server_fresh(node) -> dict[str, int]:
+    """server → kube_peer_proxy_server_fresh on the node's Envoy."""
+    return {dict(k)["server"]: v for k, v in filter_metric(node, "server_fresh").items()}
+
 @dataclass
 class KubeadmNode:
     name: str

@@ -159,6 +159,21 @@ def request(url: str, method: str = "GET", headers: dict | None = None, body: by
         return Response(e.code, {k.lower(): v for k, v in e.headers.items()}, e.read())
 
 
+def api_request(base: str, path: str, method: str = "GET", body=None, token: str | None = None,
+                headers: dict | None = None, ca=None, timeout: float = 20.0) -> Response:
+    """A request to an apiserver or an Envoy in front of one: `body` is JSON-encoded, the bearer token is the
+    caller's (never anything a proxy adds), https is verified against `ca`."""
+    h = dict(headers or {})
+    if token:
+        h["Authorization"] = f"Bearer {token}"
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        h.setdefault("Content-Type", "application/json")
+    return request(base + path, method=method, headers=h, body=data, timeout=timeout,
+                   context=client_tls(ca) if base.startswith("https://") else None)
+
+
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
     """(status, body text) of a GET (Envoy's admin endpoints)."""
     r = request(url, timeout=timeout)

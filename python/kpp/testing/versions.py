@@ -17,8 +17,9 @@ from pathlib import Path
 from kpp import render
 from kpp.testing import harness, netns
 from kpp.testing.cluster import ControlPlane, binary
+from kpp.testing import envoyfront
 from kpp.testing.envoyfront import Front
-from kpp.testing.proc import client_tls, request
+from kpp.testing.proc import api_request
 
 PORT = 6443
 OLD_IP, NEW_IP = netns.NODE_ADDRESSES[0], netns.NODE_ADDRESSES[1]
@@ -180,27 +181,10 @@ class StepEnv:
         return self.cp.kubectl_run(kubeconfig, *args, check=check, timeout=timeout)
 
     def dump(self) -> str:
-        out = []
-        for s in self.cp.servers.values():
-            out.append(f"===== kube-apiserver {s.name} {s.version} ({s.proc.log_path if s.proc else '-'}) =====")
-            out.append(s.proc.log_tail(40) if s.proc else "")
-        for name, f in self.fronts.items():
-            out.append(f"===== envoy {name} ({f.envoy.log_path}) =====")
-            out.append(f.envoy.log_tail(40))
-        return "\n".join(out)
+        return envoyfront.dump(self.cp, self.fronts)
 
 
-def http(base: str, path: str, method: str = "GET", body=None, token: str | None = None,
-         headers: dict | None = None, ca: Path | None = None, timeout: float = 20.0):
-    h = dict(headers or {})
-    if token:
-        h["Authorization"] = f"Bearer {token}"
-    data = None
-    if body is not None:
-        data = json.dumps(body).encode()
-        h.setdefault("Content-Type", "application/json")
-    return request(base + path, method=method, headers=h, body=data, timeout=timeout,
-                   context=client_tls(ca) if base.startswith("https://") else None)
+http = api_request
 
 
 # ---- what each server serves, from its own legacy discovery (every version has it, whatever its
