@@ -192,3 +192,19 @@ bench: build k8s-build
 	bash bench/noop/build.sh
 	$(PY) scripts/k8s/hop.py --out target/hop/results.md $(HOP_ARGS)
 	$(PY) bench/update_doc.py docs/benchmarks.md target/bench/core.md target/bench/envoy.md target/bench/size.md
+
+# ---- The real node (tests/node, python/kpp/testing/node.py, docs/deploy.md "The test node") ------
+# The real kubelet (v1.35.4, then v1.36.3), containerd 2.x and Debian's runc run kube-peer-proxy's static
+# pod beside the control plane that the real kubeadm initializes, joins, upgrades and renews, in network,
+# mount and pid namespaces of the run's own. Not part of `make test` (which is near the 60-minute budget):
+# run it after every change to deploy/, envoy/ or the static pod's scripts; tests/e2e/test_node_record.py
+# fails while docs/deploy.md records a run of other inputs. About 10 min with the binaries cached.
+K8S_NODE_VERSIONS := $(K8S_SKEW_OLD) $(K8S_VERSION)
+.PHONY: k8s-build-node test-node
+k8s-build-node: k8s-build-skew
+	@for v in $(K8S_NODE_VERSIONS); do for c in kube-controller-manager kube-scheduler kubelet; do \
+	  bash scripts/k8s/build.sh $$c $$v || { echo "k8s-build-node FAILED: $$c $$v (output above)"; exit 1; }; done; done
+	@bash scripts/node/build.sh || { echo "k8s-build-node FAILED: the node runtime (scripts/node/build.sh, output above)"; exit 1; }
+
+test-node: dist k8s-build-node
+	$(NETNS) $(PYTEST) -q -rA -x tests/node

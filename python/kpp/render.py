@@ -47,6 +47,15 @@ HEALTH_PATH_REGEX = r"^/(healthz|readyz)(\?.*)?$"
 # An HTTP/1.0 request without a Host header (HAProxy's `http-check send meth GET uri /healthz`) gets
 # this authority, so it routes like any other request; kube-apiserver does not look at it.
 HTTP10_DEFAULT_HOST = "kubernetes.default.svc"
+# The kubelet's HTTP probes send `User-Agent: kube-probe/<major>.<minor>`. On the client listener only our
+# static pod's own readiness probe is expected, and it sends PROBE_HEADER (deploy/static-pod.yaml). Any
+# other probe is the kubelet probing kube-apiserver through Envoy (kubeadm's probes moved back to
+# <node-ip>:6443, docs/deploy.md "Kubelet probes through the proxy"): the router counts those in this
+# virtual cluster (vhost.apiserver.vcluster.kubelet_probe.upstream_rq_total; Envoy config, no wasm). It
+# counts requests sent to an apiserver, not the ones Envoy or the filter answer themselves. PROBE_HEADER
+# only classifies a probe for that count, never identity, and the route config removes it.
+PROBE_HEADER = "x-kube-peer-proxy-probe"
+KUBELET_PROBE_VCLUSTER = "kubelet_probe"
 
 # Defaults for the demo and tests; envoy/README.md documents every field.
 DEFAULT_PLUGIN = {
@@ -213,8 +222,13 @@ def render_bootstrap(*, node, listen_port, admin_port, local, peers, wasm_path, 
             # filter runs (no address is "internal" by Envoy 1.40's default), so even a failed-open
             # VM cannot let a client pick a cluster or an upstream address.
             "internal_only_headers": [ROUTE_HEADER, ADDRESS_HEADER],
+            # Removed by the router after it chose the virtual cluster: no apiserver sees it.
+            "request_headers_to_remove": [PROBE_HEADER],
             "virtual_hosts": [{
             "name": "apiserver", "domains": ["*"],
+            "virtual_clusters": [{"name": KUBELET_PROBE_VCLUSTER, "headers": [
+                {"name": "user-agent", "string_match": {"prefix": "kube-probe/"}},
+                {"name": PROBE_HEADER, "present_match": False}]}],
             "routes": [
                 {"match": {"prefix": "/", "headers": [{"name": ROUTE_HEADER, "present_match": True}]},
                  "route": {"cluster_header": ROUTE_HEADER, "timeout": "0s"}},

@@ -7,9 +7,10 @@ Per node (its Envoy's /stats/prometheus, the only thing read): the snapshot gene
 last completed discovery round; each member, fresh or not, and how long ago both its discovery parts were
 last fetched; requests rerouted to a peer and the filter's 503s per second by code and by reason, and
 discovery errors per second, as rates between two scrapes (--interval apart; in --watch, between
-refreshes); and the resources this node sent to a peer. The filter does not publish which member serves
-which resource; the rerouted resources (by their counters' labels) are the ones that node does not serve
-itself but a peer does, and the 503s' resources are those only unreachable or stale members serve.
+refreshes); the resources this node sent to a peer; and the kubelet's probes of kube-apiserver that came
+through this Envoy, which should be none (a WARNING otherwise). The filter does not publish which member
+serves which resource; the rerouted resources (by their counters' labels) are the ones that node does not
+serve itself but a peer does, and the 503s' resources are those only unreachable or stale members serve.
 
 Standard library only (an operator runs it on a control-plane node).
 """
@@ -27,13 +28,18 @@ from dataclasses import dataclass, field
 _SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 PREFIX = "kube_peer_proxy_"
+# Envoy's counter of the kubelet's probes that reached an apiserver through the client listener, not
+# counting the static pod's own readiness probe (kpp.render.KUBELET_PROBE_VCLUSTER; docs/deploy.md
+# "Kubelet probes through the proxy"). Zero unless kube-apiserver's probes moved to <node-ip>:6443.
+PROBES = "envoy_vhost_vcluster_upstream_rq_total"
+PROBES_VCLUSTER = "kubelet_probe"
 # No proxy: the admin endpoint is on loopback, and an HTTP_PROXY in the environment must not see it.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 @dataclass
 class Scrape:
-    """One node's kube_peer_proxy_* samples at one moment."""
+    """One node's kube_peer_proxy_* samples (and PROBES) at one moment."""
     at: float
     samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = field(default_factory=dict)
     error: str | None = None
@@ -54,7 +60,7 @@ class Scrape:
 def parse(text: str, at: float) -> Scrape:
     s = Scrape(at)
     for line in text.splitlines():
-        if not line.startswith(PREFIX):
+        if not line.startswith((PREFIX, PROBES + "{")):
             continue
         m = _SAMPLE.match(line)
         if not m:
@@ -144,6 +150,14 @@ def render_node(name: str, prev: Scrape | None, cur: Scrape, width: int) -> list
         lines.append(f"  reroutes/s by code      {_rate_text(rer)}")
         lines.append(f"  filter 503s/s by reason {_rate_text(err)}")
         lines.append(f"  discovery errors/s      {_rate_text(disc)}")
+    probes = cur.get(PROBES, envoy_virtual_cluster=PROBES_VCLUSTER)
+    if probes:  # absent: a bootstrap without the virtual cluster (rendered before it existed)
+        n = sum(v for _, v in probes)
+        rate = _rates(prev, cur, PROBES, lambda ls: ls.get("envoy_virtual_cluster", "")).get(PROBES_VCLUSTER, 0.0)
+        cells = [f"{int(n)} total" + (f", {rate:.1f}/s" if prev is not None else "")]
+        if n:
+            cells.append("WARNING: kube-apiserver probed via Envoy (docs/deploy.md)")
+        lines += _wrap("  kubelet probes proxied  ", cells, width)
     totals: dict[str, float] = {}
     for ls, v in cur.get(PREFIX + "rerouted_request_total"):
         totals[_gvr(ls)] = totals.get(_gvr(ls), 0) + v

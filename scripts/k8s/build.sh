@@ -15,6 +15,7 @@
 #   scripts/k8s/build.sh kube-apiserver v1.35.4
 #   scripts/k8s/build.sh kube-controller-manager v1.36.3
 #   scripts/k8s/build.sh kubeadm v1.36.3
+#   scripts/k8s/build.sh kubelet v1.36.3               # the real node (tests/node): same module, CGO off
 #   scripts/k8s/build.sh etcd v3.6.8
 #   scripts/k8s/build.sh --path kube-apiserver v1.36.3   # print the cached path (exit 1 if absent)
 set -euo pipefail
@@ -28,7 +29,7 @@ log() { echo "k8s-build: $*" >&2; }
 
 path_of() {  # component version
     case "$1" in
-        kube-apiserver|kube-controller-manager|kubeadm) echo "$CACHE/k8s/$2/$1" ;;
+        kube-apiserver|kube-controller-manager|kube-scheduler|kubeadm|kubelet) echo "$CACHE/k8s/$2/$1" ;;
         etcd) echo "$CACHE/etcd/$2/etcd" ;;
         *) echo "unknown component $1" >&2; return 2 ;;
     esac
@@ -100,7 +101,9 @@ package tools
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubeadm"
+	_ "k8s.io/kubernetes/cmd/kubelet"
 )
 GO
     log "$component $version: $(grep -c '=>' "$work/go.mod") staging replaces; go mod tidy"
@@ -169,7 +172,7 @@ fi
 mkdir -p "$CACHE"
 case "${1:-all}" in
     all) build_etcd "$DEFAULT_ETCD"; build_apiserver "$DEFAULT_K8S" ;;
-    kube-apiserver|kube-controller-manager|kubeadm) build_apiserver "${2:-$DEFAULT_K8S}" "$1" ;;
+    kube-apiserver|kube-controller-manager|kube-scheduler|kubeadm|kubelet) build_apiserver "${2:-$DEFAULT_K8S}" "$1" ;;
     etcd) build_etcd "${2:-$DEFAULT_ETCD}" ;;
-    *) echo "usage: $0 [all | kube-apiserver|kube-controller-manager|kubeadm VERSION | etcd VERSION | --path COMPONENT VERSION]" >&2; exit 2 ;;
+    *) echo "usage: $0 [all | kube-apiserver|kube-controller-manager|kube-scheduler|kubeadm|kubelet VERSION | etcd VERSION | --path COMPONENT VERSION]" >&2; exit 2 ;;
 esac

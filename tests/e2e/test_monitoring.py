@@ -6,7 +6,8 @@
   (http_status, unreachable), plus a kubeadm-profile Envoy's certificate and SDS stats. A renamed metric,
   label or value fails the test (the control mutates the expressions and sees each one reported).
 * promtool: deploy/monitoring/rules_test.yaml is generated from that capture (kpp.testing.rules_test),
-  must equal the committed file, and `promtool test rules` passes it; with a rule's `for:` changed it fails.
+  must equal the committed file, and `promtool test rules` passes it; with a rule's `for:` changed it fails,
+  and so it does when the kubelet-probe alert also counts the static pod's own readiness probe.
 * A real Prometheus (Debian's, 1 s scrape and evaluation, the rules' durations divided by SCALE) scrapes the
   three Envoys of the upgrade simulation (kpp.testing.sim.upgrade_sim): every dashboard query has data at
   its moment, and no alert fires for an ordinary rolling upgrade.
@@ -27,13 +28,13 @@ from pathlib import Path
 import pytest
 
 from kpp import pki_reload, render
-from kpp.testing import harness, mutants
+from kpp.testing import harness, mutants, static_envoy
 from kpp.testing import prometheus as P
 from kpp.testing import rules_test
 from kpp.testing.fake_apiserver import Cluster
 from kpp.testing.kubeadm_node import mint_cert
 from kpp.testing.proc import request, server_tls, status, wait_until
-from kpp.testing.topology import FAST, NEW_ONLY, NOWHERE, V2
+from kpp.testing.topology import COMMON, FAST, NEW_ONLY, NOWHERE, V2
 
 SCALE = 60  # the real-Prometheus tests run the rules with every duration divided by this
 RATE = "5s"  # the dashboard's $__rate_interval there (5m / SCALE)
@@ -199,6 +200,14 @@ def test_rules_and_dashboard_name_only_what_envoy_exports_and_promtool_passes(en
     r = subprocess.run([P.binary("promtool"), "test", "rules", "rules_test.yaml"], cwd=work, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode != 0 and "KubePeerProxyMemberNotFresh" in r.stdout + r.stderr, r.stdout + r.stderr
+    # Control: the probe alert without its virtual cluster's selector counts the static pod's own
+    # readiness probe (and every other client) too, and fails the same test.
+    selector = '{envoy_virtual_cluster="kubelet_probe"}'
+    assert text.count(selector) == 1
+    (work / P.RULES.name).write_text(text.replace(selector, ""))
+    r = subprocess.run([P.binary("promtool"), "test", "rules", "rules_test.yaml"], cwd=work, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode != 0 and "KubePeerProxyKubeletProbesThroughProxy" in r.stdout + r.stderr, r.stdout + r.stderr
 
 
 # ---- a real Prometheus scraping the simulated upgrade ------------------------------------------------
@@ -482,6 +491,37 @@ def vm_phase(envoys, prom, results, cluster, crash_wasm):
     ph.clears("KubePeerProxyWasmVMReloaded", time.monotonic())
 
 
+def probe_phase(envoys, prom, results, cluster):
+    """First, for longer than the rule's window and `for:`, only the static pod's own readiness probe (its
+    manifest's path and headers) and a kubectl client: nothing pending. Then the kubelet probes /livez
+    without the marker, as it probes kube-apiserver when kubeadm moved the probes to Envoy."""
+    envoy, url = plain_envoy(envoys, prom, "probes", cluster.instances["a"], [])
+    prom.wait_scraped("probes", 20)
+    ph = Phase(prom, results, "probes")
+    own = {"User-Agent": "kube-probe/1.36", **static_envoy.probe_headers("readinessProbe")}
+    quiet = [Load(url + static_envoy.probes()["readinessProbe"][2], own, pace=0.1),
+             Load(url + COMMON, {"User-Agent": "kubectl/v1.36.3 (linux/amd64) kubernetes/abcdef0"}, pace=0.1)]
+    alert = f'ALERTS{{alertname="KubePeerProxyKubeletProbesThroughProxy", instance="{prom.instance("probes")}"}}'
+    start = time.time()
+    for q in quiet:
+        q.start()
+    try:
+        time.sleep(12)  # the window (5 s) + `for` (5 s) at SCALE, and two evaluations
+        assert all(q.codes.get(200) for q in quiet), [q.codes for q in quiet]
+        assert not prom.query_range(alert, start, time.time()), prom.query_range(alert, start, time.time())
+        kubelet = Load(url + "/livez", {"User-Agent": "kube-probe/1.36"}, pace=0.1)
+        t = time.monotonic()
+        kubelet.start()
+        try:
+            ph.fires("KubePeerProxyKubeletProbesThroughProxy", t)
+        finally:
+            kubelet.stop()
+        ph.clears("KubePeerProxyKubeletProbesThroughProxy", time.monotonic())
+    finally:
+        for q in quiet:
+            q.stop()
+
+
 def cert_phase(envoys, prom, results, tmp: Path, dashboard_checks: dict):
     """A kubeadm node whose serving and front-proxy-client certificates expire in 2 days; a renewal
     with a key that does not match; then a good renewal for a year."""
@@ -542,7 +582,7 @@ def test_each_alert_fires_on_its_condition_and_clears(envoys, prom, tmp_path, cr
                 errors.append(f"{fn.__name__}: {e!r}")
         phases = [threading.Thread(target=run, args=a) for a in (
             (members_phase, cluster), (reroute_phase, other), (vm_phase, cluster, crash_wasm),
-            (cert_phase, tmp_path, dashboard_checks))]
+            (probe_phase, cluster), (cert_phase, tmp_path, dashboard_checks))]
         for th in phases:
             th.start()
         # While they run: the dashboard's alert panel has data once something fires.

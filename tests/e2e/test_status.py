@@ -3,7 +3,8 @@
 The demo topology (fake apiservers a old, b and c new; Envoy with the filter in front of a). The view
 must show the node and its three members, fit in the terminal's width, and update in place: after c
 stops, the next refreshes show c's discovery errors, then c not fresh, without scrolling the old
-screens into the pane.
+screens into the pane. The kubelet-probe line shows 0 and no WARNING until a kube-probe request (not the
+static pod's own) comes through.
 """
 
 from __future__ import annotations
@@ -57,7 +58,14 @@ def test_watch_refreshes_in_place_and_fits_the_terminal(topo, session):
     print("\n".join(lines))
     assert all(len(ln) <= WIDTH for ln in lines)
     assert any("resource.k8s.io/v1/resourceclaims 10" in ln for ln in lines), lines
+    assert any(ln.startswith("  kubelet probes proxied  0 total") for ln in lines), lines
+    assert not any("WARNING" in ln for ln in lines), lines
     first_clock = lines[0]
+    for _ in range(3):
+        assert topo.get("/livez", User_Agent="kube-probe/1.36").status == 200
+    lines = wait_until(lambda: shows("kubelet probes proxied  3 total", "WARNING"), 10, 0.2,
+                       message="the kubelet probes never showed:\n" + "\n".join(screen(session)))
+    assert all(len(ln) <= WIDTH for ln in lines)
     topo.c.stop()
     lines = wait_until(lambda: shows("c unreachable"), 10, 0.2,
                        message="c's discovery errors never showed:\n" + "\n".join(screen(session)))

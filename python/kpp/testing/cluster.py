@@ -62,7 +62,7 @@ def binary(component: str, version: str) -> Path:
     """Cached binary; a clear error naming the build command if it is missing."""
     if component == "etcd" and os.environ.get("KPP_ETCD_BINARY"):
         return Path(os.environ["KPP_ETCD_BINARY"])  # e.g. Debian's /usr/bin/etcd (3.4), for comparison
-    sub = {"kube-apiserver": "k8s", "kube-controller-manager": "k8s", "kubeadm": "k8s", "etcd": "etcd"}[component]
+    sub = "etcd" if component == "etcd" else "k8s"  # kube-apiserver, kube-controller-manager, kube-scheduler, kubeadm, kubelet
     path = CACHE / sub / version / component
     if not path.is_file():
         raise RuntimeError(f"{path} is missing: run `scripts/k8s/build.sh {component} {version}` "

@@ -23,7 +23,8 @@ What is reproduced, and from where:
 
 Config: {"lb": [host, port], "kubectl_lb": [host, port], "ca": path, "sni": name, "duration": s,
 "workers": 8, "rate": 200, "kubectl_interval": s, "watchers": 6, "namespace": ns, "peer_only": path,
-"common": path, "run": prefix}. Prints `START <monotonic>`; writes every call's record at the end.
+"common": path, "run": prefix, optional "cert"/"key" (a client certificate) and "stop_file" (the run ends
+early once that file exists)}. Prints `START <monotonic>`; writes every call's record at the end.
 """
 from __future__ import annotations
 
@@ -165,7 +166,8 @@ class Client:
 class Run:
     def __init__(self, cfg):
         self.cfg = cfg
-        self.ctx = client_tls(cfg["ca"])
+        # cert/key: a real kube-apiserver's client certificate (the kubeadm nodes' admin.conf identity)
+        self.ctx = client_tls(cfg["ca"], cfg.get("cert"), cfg.get("key"))
         self.lock = threading.Lock()
         self.records: list = []
         self.created: list = []  # [name, t] of every 201
@@ -314,6 +316,8 @@ class Run:
         self.start_at = time.monotonic() + 0.2
         self.stop_at = self.start_at + self.cfg["duration"]
         print(f"START {self.start_at:.6f}", flush=True)
+        if self.cfg.get("stop_file"):
+            threading.Thread(target=self._stop_on_file, daemon=True).start()
         others = [threading.Thread(target=self.worker, args=(i,), daemon=True) for i in range(self.cfg["workers"])]
         others.append(threading.Thread(target=self.kubectl, daemon=True))
         for t in others:
@@ -322,6 +326,15 @@ class Run:
             t.join(self.cfg["duration"] + 60)
         return {"start": self.start_at, "stop": self.stop_at, "records": self.records, "created": self.created,
                 "watches": self.watches, "hung": sum(t.is_alive() for t in others + watchers)}
+
+    def _stop_on_file(self):
+        """A run whose end is not known in advance (a kubeadm upgrade): it stops when the file appears."""
+        from pathlib import Path
+        while time.monotonic() < self.stop_at:
+            if Path(self.cfg["stop_file"]).exists():
+                self.stop_at = time.monotonic()
+                return
+            time.sleep(0.2)
 
     def _watching(self):
         with self.lock:

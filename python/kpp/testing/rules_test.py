@@ -182,6 +182,18 @@ def generate(capture: Capture, rules_file: str = "kube-peer-proxy.rules.yaml") -
     case(3, "KubePeerProxyKeyRotationFailed", [E("KubePeerProxyKeyRotationFailed", krf)])
     case(15, "KubePeerProxyKeyRotationFailed", [])
 
+    # The kubelet probes kube-apiserver through Envoy from 2m to 12m (33 a sample: kubeadm's readiness
+    # probe every 1 s, liveness every 10 s); the other virtual cluster (the static pod's own readiness
+    # probe, every other client) grows throughout and fires nothing.
+    vc = "envoy_vhost_vcluster_upstream_rq_total"
+    probes = feed(pick(vc, envoy_virtual_cluster="kubelet_probe"), values((0, 0, 4), (0, 33, 20)))
+    feed(pick(vc, envoy_virtual_cluster="other"), values((0, 15, SAMPLES)))
+    case(1.5, "KubePeerProxyKubeletProbesThroughProxy", [])
+    case(5, "KubePeerProxyKubeletProbesThroughProxy", [])
+    case(9, "KubePeerProxyKubeletProbesThroughProxy",
+         [E("KubePeerProxyKubeletProbesThroughProxy", keep(probes, "instance"))])
+    case(20, "KubePeerProxyKubeletProbesThroughProxy", [])
+
     doc = {"rule_files": [rules_file], "evaluation_interval": f"{STEP}s",
            "tests": [{"name": "kube-peer-proxy alerts on series a live Envoy exported", "interval": f"{STEP}s",
                       "input_series": inputs, "alert_rule_test": cases}]}

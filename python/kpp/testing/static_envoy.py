@@ -117,3 +117,9 @@ def probes(manifest: Path = MANIFEST) -> dict[str, tuple[str, str, str]]:
             raise ValueError(f"{manifest}: {name} probes something the tests do not know: {get}")
         out[name] = (listener, get.get("scheme", "HTTP"), get["path"])
     return out
+
+
+def probe_headers(name: str, manifest: Path = MANIFEST) -> dict[str, str]:
+    """The httpHeaders of the envoy container's probe `name`, which the kubelet sends with its own
+    User-Agent (kube-probe/<major>.<minor>) and Accept."""
+    return {h["name"]: h["value"] for h in container(manifest)[name]["httpGet"].get("httpHeaders", [])}
