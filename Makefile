@@ -207,4 +207,4 @@ k8s-build-node: k8s-build-skew
 	@bash scripts/node/build.sh || { echo "k8s-build-node FAILED: the node runtime (scripts/node/build.sh, output above)"; exit 1; }
 
 test-node: dist k8s-build-node
-	$(NETNS) $(PYTEST) -q -rA -x tests/node
+	$(NETNS) $(PYTEST) -q -rA tests/node
