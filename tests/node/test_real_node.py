@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kpp import render
 from kpp.testing import node as N
@@ -149,9 +151,7 @@ def test_1_init_and_install(kc):
     # configuration (ConfigMap and the node's file), the apiserver manifest regenerated, then the proxy's.
     manifest = kc.install_files(n, "hostpath")
     kc.kubectl("apply", "-f", str(ROOT / "deploy/rbac.yaml"))
-    cc = kc.kubectl("-n", "kube-system", "get", "cm", "kubeadm-config", "-o", "json").stdout
-    import yaml
-    cm = json.loads(cc)
+    cm = json.loads(kc.kubectl("-n", "kube-system", "get", "cm", "kubeadm-config", "-o", "json").stdout)
     cluster = yaml.safe_load(cm["data"]["ClusterConfiguration"])
     cluster.setdefault("apiServer", {})["extraArgs"] = [{"name": "bind-address", "value": "127.0.0.1"}]
     cm["data"]["ClusterConfiguration"] = yaml.safe_dump(cluster)
@@ -181,7 +181,7 @@ def test_1_init_and_install(kc):
     assert len(envoy) == 1, ps
     ppid = envoy[0].split()[1]
     argv = n.exec(["cat", f"/proc/{ppid}/cmdline"]).stdout.split("\0")
-    script = [c for c in N.yaml_load(ROOT / "deploy/static-pod.yaml")["spec"]["containers"] if c["name"] == "envoy"][0]["command"]
+    script = [c for c in yaml.safe_load((ROOT / "deploy/static-pod.yaml").read_text())["spec"]["containers"] if c["name"] == "envoy"][0]["command"]
     assert argv[:len(script)] == script and script[-1] == "kube-peer-proxy", argv[:2]
     parent = " ".join(argv[:2]) + " <the manifest's script> kube-peer-proxy"
     # the image's userland, as the static pod's comments say: bash, no curl
@@ -223,7 +223,6 @@ def test_2_join_second_node(kc):
     # needs the PKI, so: preflight, the control-plane files, the proxy, then the rest of the join.
     # (the patches must be in place before control-plane-prepare renders the apiserver manifest)
     (n.etc / "kube-peer-proxy").mkdir(parents=True, exist_ok=True)
-    import shutil
     shutil.copytree(ROOT / "deploy/kubeadm/patches", n.etc / "kube-peer-proxy/patches", dirs_exist_ok=True)
     kc.kubeadm(n, N.OLD, "join", "phase", "preflight", cfg, "--ignore-preflight-errors=SystemVerification")
     kc.kubeadm(n, N.OLD, "join", "phase", "control-plane-prepare", "all", cfg)
@@ -308,7 +307,6 @@ def test_5_roll_the_proxy(kc):
     old = container(kc, n)
     old_uid = kc.pod(proxy_pod(n))["metadata"]["uid"]
     path = n.manifests / "kube-peer-proxy.yaml"
-    import yaml
     pod = yaml.safe_load(path.read_text())
     pod["metadata"].setdefault("annotations", {})["kube-peer-proxy.example/rollout"] = "2"  # a new manifest
     load = Load(kc, "roll")

@@ -47,7 +47,7 @@ from pathlib import Path
 
 from kpp.testing import harness, netns
 from kpp.testing.cluster import CACHE, ETCD_VERSION, Proc, binary
-from kpp.testing.proc import die_with_parent, get_json, wait_for
+from kpp.testing.proc import die_with_parent, get_json, status, wait_for
 
 ROOT = harness.ROOT
 LAN_PREFIX = "198.18.1"
@@ -105,7 +105,7 @@ class Lan:
         env = {**os.environ, "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none"}
         p = Proc("registry", [str(harness.tool("registry")), "serve", str(cfg)], d / "registry.log", env=env).start()
         self.procs.append(p)
-        wait_for(lambda: _http_ok(f"http://{REGISTRY}/v2/"), 30, "the registry on " + REGISTRY)
+        wait_for(lambda: status(f"http://{REGISTRY}/v2/") == 200, 30, "the registry on " + REGISTRY)
         return REGISTRY
 
     def etcd(self) -> str:
@@ -125,15 +125,6 @@ class Lan:
         for p in reversed(self.procs):
             p.stop()
         subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
-
-
-def _http_ok(url: str) -> bool:
-    import urllib.request
-    try:
-        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 # ---- images ---------------------------------------------------------------------------------------
@@ -448,12 +439,6 @@ state = "/run/containerd"
                                    check=False).returncode == 0, 30, f"{self.name}: containerd")
         return self
 
-    def crictl_ps(self) -> list[dict]:
-        """The CRI's containers (ctr's view of the k8s.io namespace): [{id, image, labels...}]."""
-        d = node_tool("containerd").parent
-        out = self.exec([d / "ctr", "--address", "/run/containerd/containerd.sock", "-n", "k8s.io", "containers", "ls", "-q"]).stdout
-        return [c for c in out.split()]
-
     def start_kubelet(self, version: str):
         self.kubelet = KubeletService(self, version).start()
         return self.kubelet
@@ -539,11 +524,6 @@ class KubeletService:
         n = len(self.starts)
         self._restart.set()
         wait_for(lambda: len(self.starts) > n, 30, f"{self.node.name}: the kubelet restarted")
-
-    def healthy(self) -> bool:
-        r = self.node.exec(["python3", "-c", "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen("
-                            "'http://127.0.0.1:10248/healthz', timeout=2).status == 200 else 1)"], check=False)
-        return r.returncode == 0
 
     def stop(self):
         self._stop.set()
@@ -804,7 +784,3 @@ if __name__ == "__main__":
         raise SystemExit("usage: python -m kpp.testing.node record RESULTS.json COMMIT")
     write_record(Path(sys.argv[2]), sys.argv[3])
 
-
-def yaml_load(path: Path):
-    import yaml
-    return yaml.safe_load(Path(path).read_text())
