@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+
+from kpp.testing.proc import die_with_parent
 
 NODE_ADDRESSES = [f"198.18.0.{i}" for i in range(11, 20)]
 
@@ -63,7 +66,10 @@ def main(argv=None) -> int:
         if shutil.which(tool) is None:
             print(f"kpp.testing.netns: `{tool}` is missing (util-linux, iproute2)", file=sys.stderr)
             return 2
-    return subprocess.call(["unshare", "--net", "--", "bash", "-c", _setup_script(), "kpp-netns", *argv])
+    # The command dies with this process (PDEATHSIG survives unshare's and bash's exec): a killed
+    # `make` target or CI step never leaves the tests running, and their own processes die with them.
+    return subprocess.call(["unshare", "--net", "--", "bash", "-c", _setup_script(), "kpp-netns", *argv],
+                           preexec_fn=die_with_parent(signal.SIGKILL))
 
 
 if __name__ == "__main__":
