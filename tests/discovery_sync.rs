@@ -254,9 +254,17 @@ impl Round {
 }
 
 /// Ticks at `now` and answers every fetch (and follow-up) from `fake`, in order, at `now`.
+/// The tick's readiness probe is answered too (a fake without `/readyz` answers 404: ready), first
+/// and apart from the round's fetches.
 fn round(s: &mut Syncer, fake: &Fake, now: u64) -> Round {
     let mut r = Round::default();
-    let first = s.on_tick(now);
+    let mut first = s.on_tick(now);
+    if let Some(probe) = first.probe.take() {
+        if let Some(outcome) = fake.serve(&probe) {
+            let step = s.on_response(probe.id, outcome, now);
+            r.take(step);
+        }
+    }
     let queue: VecDeque<Fetch> = r.take(first).into();
     answer(s, fake, queue, now, &mut r);
     r
@@ -2229,4 +2237,140 @@ fn a_listed_group_version_that_answers_404_is_not_served_not_unknown() {
         route(&t, "GET", "/apis/widgets.example.com/v1/widgets"),
         to(PEER_C, "widgets.example.com", "v1", "widgets")
     );
+}
+
+// --- The local server's readiness probe (discovery::sync::local_ready) ----------------------------
+
+fn readyz(status: u16) -> Outcome {
+    Outcome::Response {
+        status,
+        content_type: "text/plain".into(),
+        etag: None,
+        body: Body::Bytes(Vec::new()),
+    }
+}
+
+/// The probe a tick at `now` sends (it must send one).
+fn probe_at(s: &mut Syncer, now: u64) -> (Fetch, kube_peer_proxy::discovery::sync::Step) {
+    let mut step = s.on_tick(now);
+    let probe = step.probe.take().expect("a readiness probe");
+    (probe, step)
+}
+
+#[test]
+fn the_local_server_is_probed_every_tick_and_not_ready_reroutes_at_once() {
+    let mut s = Syncer::new(&config());
+    let good = fake();
+    let first = round(&mut s, &good, 0).publish.expect("snapshot");
+    // Served by local and peer-b alike: local while it is ready.
+    let pods = "/api/v1/namespaces/default/pods";
+    assert!(matches!(
+        route(&first.table, "GET", pods),
+        Decision::Local(_) | Decision::Guarded { .. }
+    ));
+
+    // Every tick probes, within the rounds' schedule or not (refresh_interval is 1 s here).
+    let (p, step) = probe_at(&mut s, 250);
+    assert!(step.fetches.is_empty(), "no round is due at 250 ms");
+    assert_eq!((p.cluster.as_str(), p.path()), ("local", "/readyz"));
+    assert_eq!(header(&p, ":method"), Some("GET"));
+    assert_eq!(
+        header(&p, "authorization"),
+        Some("Bearer t0ken"),
+        "the discovery headers go with it"
+    );
+    assert!(p.timeout_ms <= 1000, "a hung server is noticed within about a tick");
+    // Ready: nothing to publish.
+    assert!(s.on_response(p.id, readyz(200), 250).publish.is_none());
+    assert!(s.local_ready());
+
+    // Not ready: published at once with the local server unhealthy, so pods go to peer-b.
+    let (p, _) = probe_at(&mut s, 500);
+    let down = s
+        .on_response(p.id, Outcome::Unreachable, 500)
+        .publish
+        .expect("published at once");
+    assert!(!s.local_ready());
+    assert_eq!(down.table.unhealthy, 1, "the local server (bit 0) is not routed to");
+    assert_eq!(down.table.keys, first.table.keys, "what everybody serves is unchanged");
+    assert_eq!(route(&down.table, "GET", pods), to(PEER_B, "", "v1", "pods"));
+    // (What only the local server serves still goes there: tests/routing.rs, "local server
+    // unreachable, nobody else serves it".)
+    // Still not ready: nothing new.
+    let (p, _) = probe_at(&mut s, 750);
+    assert!(s.on_response(p.id, readyz(503), 750).publish.is_none());
+
+    // Ready again: published at once, and the next tick starts a round (its discovery may be
+    // another version's now) before the refresh interval is due.
+    let mut unready = good.clone();
+    unready.set("local", "/readyz", Some(readyz(503)));
+    let r = round(&mut s, &unready, 1000);
+    assert!(
+        r.publish.is_none(),
+        "the round at 1 s: nothing changed while the local server is down"
+    );
+    let (p, _) = probe_at(&mut s, 1250);
+    let up = s
+        .on_response(p.id, readyz(200), 1250)
+        .publish
+        .expect("published at once");
+    assert_eq!(up.table.unhealthy, 0);
+    assert!(matches!(
+        route(&up.table, "GET", pods),
+        Decision::Local(_) | Decision::Guarded { .. }
+    ));
+    let next = s.on_tick(1300);
+    assert!(
+        next.fetches.iter().any(|f| f.cluster == "local" && f.path() == "/apis"),
+        "a round starts at once: {:?}",
+        next.fetches.iter().map(Fetch::path).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn what_the_probe_counts_as_ready() {
+    let rows: [(&str, Outcome, bool); 9] = [
+        ("200", readyz(200), true),
+        // The server answers, it only refuses the probe: it serves requests.
+        ("401 (anonymous auth off)", readyz(401), true),
+        ("403", readyz(403), true),
+        ("404", readyz(404), true),
+        ("500 (a failed check)", readyz(500), false),
+        ("503 (starting, or shutting down)", readyz(503), false),
+        ("cannot connect", Outcome::Unreachable, false),
+        ("reset", Outcome::NoResponse, false),
+        ("no answer in time", Outcome::Overdue, false),
+    ];
+    for (desc, outcome, ready) in rows {
+        let mut s = Syncer::new(&config());
+        round(&mut s, &fake(), 0);
+        let (p, _) = probe_at(&mut s, 250);
+        let step = s.on_response(p.id, outcome, 250);
+        assert_eq!(s.local_ready(), ready, "{desc}");
+        assert_eq!(
+            step.publish.is_some(),
+            !ready,
+            "{desc}: a change is published, no change is not"
+        );
+        assert!(step.errors.is_empty(), "{desc}: the probe is not a discovery error");
+    }
+}
+
+#[test]
+fn one_probe_at_a_time_and_a_lost_one_is_forgotten() {
+    let mut s = Syncer::new(&config());
+    round(&mut s, &fake(), 0);
+    let (p, _) = probe_at(&mut s, 100);
+    // Unanswered: no second probe on the next ticks...
+    for now in [200, 1000, 2000] {
+        assert!(s.on_tick(now).probe.is_none(), "a second probe at {now} ms");
+    }
+    // ...until three timeouts have passed (the host always answers; this only guards the state).
+    let (again, _) = probe_at(&mut s, 3100);
+    assert_ne!(again.id, p.id);
+    // A late answer to the forgotten probe changes nothing.
+    assert!(s.on_response(p.id, Outcome::Unreachable, 3150).publish.is_none());
+    assert!(s.local_ready());
+    assert!(s.on_response(again.id, Outcome::Unreachable, 3200).publish.is_some());
+    assert!(!s.local_ready());
 }

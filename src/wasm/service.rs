@@ -115,9 +115,9 @@ impl Service {
             if let Some(p) = step.publish {
                 self.publish(p);
             }
-            for f in step.fetches {
+            for f in step.fetches.into_iter().chain(step.probe) {
                 let headers: Vec<(&str, &str)> = f.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-                let timeout = Duration::from_millis(self.syncer.fetch_timeout_ms());
+                let timeout = Duration::from_millis(f.timeout_ms);
                 match hostcalls::dispatch_http_call(&f.cluster, headers, None, vec![], timeout) {
                     Ok(token) => {
                         self.tokens.insert(token, f.id);

@@ -1,11 +1,14 @@
 """The static pod's `envoy` container (deploy/static-pod.yaml), run as it ships.
 
 The container's command is a bash script that runs Envoy and, on SIGTERM, turns the node unready for
-the load balancer, stops accepting, waits for requests in flight and only then stops Envoy. Tests run
-the manifest's own script, arguments and environment; only what differs on a test machine is replaced:
-the bootstrap's path, the admin port, a unique --base-id and the harness's --concurrency (2 unless
-asked: several Envoys share the machine), and `envoy` on PATH is the venv's binary. SIGTERM goes to
-the script alone, as the container runtime sends it to the container's first process.
+the load balancer, stops accepting, waits for requests in flight and only then stops Envoy; before
+Envoy starts, it waits while another process holds the admin port (a previous pod's Envoy, draining).
+Tests run the manifest's own script, arguments and environment; only what differs on a test machine is
+replaced: the bootstrap's path, the admin port, a unique --base-id and the harness's --concurrency (2
+unless asked: several Envoys share the machine), and `envoy` on PATH is the venv's binary. The
+manifest's --disable-hot-restart makes Envoy ignore --base-id (it logs "base id=0, hot restart
+version=disabled"); the id still keeps apart Envoys of a manifest copy without it (a test's control).
+SIGTERM goes to the script alone, as the container runtime sends it to the container's first process.
 """
 from __future__ import annotations
 

@@ -9,6 +9,12 @@ use crate::snapshot::{Member, MergedSource, Snapshot};
 pub(super) type BuildInputs = (bool, Vec<(String, bool, bool, bool, bool, bool)>);
 
 impl Syncer {
+    /// Whether requests may go to `s`: it answered its last round, and the local server also its
+    /// last readiness probe ([`super::local_ready`]).
+    fn routable(&self, s: &Server) -> bool {
+        s.reachable && (!s.reference.local || self.local_ready.ready)
+    }
+
     /// Builds the snapshot of every member; returns it only when it differs from the last one.
     pub(super) fn build(&mut self, now_ms: u64) -> Option<Publish> {
         let staleness = self.staleness_ms;
@@ -25,7 +31,7 @@ impl Syncer {
                         s.groups.docs.is_some(),
                         s.core.fresh(now_ms, staleness),
                         s.groups.fresh(now_ms, staleness),
-                        s.reachable,
+                        self.routable(s),
                     )
                 })
                 .collect(),
@@ -50,7 +56,7 @@ impl Syncer {
                 unknown_versions: unknown,
                 fresh_core: s.core.fresh(now_ms, staleness),
                 fresh_groups: s.groups.fresh(now_ms, staleness),
-                reachable: s.reachable,
+                reachable: self.routable(s),
             })
             .collect();
         let merged = MergedSource {

@@ -17,7 +17,7 @@
 //! This module holds the state; each job has its own file: `rounds` (scheduling: rounds, fetches,
 //! where each answer goes), `membership` (lease or EndpointSlice membership), [`answers`]
 //! (interpreting an answer), `legacy` (what an answer adds, and the legacy walk), `build` (the
-//! snapshot).
+//! snapshot), `local_ready` (the local server's readiness, probed every tick).
 
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -25,6 +25,7 @@ use std::rc::Rc;
 pub mod answers;
 mod build;
 mod legacy;
+mod local_ready;
 mod membership;
 mod rounds;
 
@@ -43,6 +44,8 @@ pub struct Fetch {
     pub id: u64,
     pub cluster: String,
     pub headers: Vec<(String, String)>,
+    /// How long the host waits for the answer.
+    pub timeout_ms: u64,
 }
 
 impl Fetch {
@@ -237,6 +240,8 @@ pub type Publish = Snapshot;
 #[derive(Debug, Default)]
 pub struct Step {
     pub fetches: Vec<Fetch>,
+    /// The local server's readiness probe (see `local_ready`), answered like a fetch.
+    pub probe: Option<Fetch>,
     pub errors: Vec<SyncError>,
     pub publish: Option<Publish>,
 }
@@ -414,6 +419,7 @@ pub struct Syncer {
     /// Lease mode: whether a lease list (or EndpointSlice) has ever been read (before that,
     /// membership is unknown).
     leases_listed: bool,
+    local_ready: local_ready::LocalReady,
 }
 
 impl Syncer {
@@ -453,6 +459,7 @@ impl Syncer {
             last_built: None,
             leases: c.lease_discovery.clone(),
             leases_listed: false,
+            local_ready: local_ready::LocalReady::default(),
         }
     }
 

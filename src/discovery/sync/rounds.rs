@@ -14,6 +14,7 @@ impl Syncer {
     /// answers are overdue (the host normally enforces the per-fetch timeout itself).
     pub fn on_tick(&mut self, now_ms: u64) -> Step {
         let mut step = Step::default();
+        self.probe_local(now_ms, &mut step);
         if let Some(deadline) = self.round_deadline_ms {
             if now_ms < deadline {
                 return step;
@@ -93,12 +94,20 @@ impl Syncer {
             None => String::new(),
         };
         self.in_flight.insert(id, InFlight { server, purpose, path });
-        Fetch { id, cluster, headers }
+        Fetch {
+            id,
+            cluster,
+            headers,
+            timeout_ms: self.fetch_timeout_ms,
+        }
     }
 
     /// Feeds one answer; returns follow-up fetches, errors, and a snapshot when a round ends.
     pub fn on_response(&mut self, id: u64, outcome: Outcome, now_ms: u64) -> Step {
         let mut step = Step::default();
+        if self.local_ready_in(id, &outcome, now_ms, &mut step) {
+            return step;
+        }
         let Some(InFlight {
             server: si,
             purpose,
