@@ -64,8 +64,8 @@ pub enum Decision<'a> {
     /// not served here" (see [`crate::request::not_found`]) becomes a 503: a peer is known to serve it, or
     /// some member's API set is unknown, so that 404 might be false.
     Guarded { reason: LocalReason, gvr: Gvr<'a> },
-    /// Send to `servers[index]` of the table (its type-404 is guarded the same way: the table said
-    /// it serves the resource).
+    /// Send to `servers[index]` of the table: the table said it serves the resource (its
+    /// type-404 is strict), or nobody is known to and the local server cannot answer (step 7).
     Peer { index: usize, gvr: Gvr<'a> },
     /// Only unreachable members, or members whose data is stale, serve it: 503 with Retry-After
     /// rather than a false 404.
@@ -163,8 +163,9 @@ impl<'a> Subject<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route<'a> {
     pub decision: Decision<'a>,
-    /// `Strict` for [`Decision::Guarded`] and [`Decision::Peer`], `Verified` for the local
-    /// decisions noted at [`Decision::Local`], `None` where the answer stands.
+    /// `Strict` for [`Decision::Guarded`] and [`Decision::Peer`] (but a step-7 peer's follows
+    /// step 7), `Verified` for the local decisions noted at [`Decision::Local`], `None` where the
+    /// answer stands.
     pub guard: Option<Guard<'a>>,
 }
 
@@ -223,8 +224,9 @@ pub fn decide_with<'a>(
 }
 
 /// [`decide`] with passive health, and the 404 guard's part: `is_down(i)` says whether a request to
-/// `servers[i]` just failed to connect. It is asked only about peers that serve the request, so the
-/// common paths cost nothing.
+/// `servers[i]` just failed to connect. It is asked only about peers that serve the request (and,
+/// while the local server cannot answer, about any peer for a type nobody serves), so the common
+/// paths cost nothing.
 ///
 /// The order (local first, the 404 guarded):
 /// 1. `x-kubernetes-peer-proxied: true` → local (loop prevention);
@@ -236,7 +238,12 @@ pub fn decide_with<'a>(
 /// 5. the local server is known to serve it (but did not answer its last round) → local, as in 3;
 /// 6. only unreachable or stale members serve it → 503;
 /// 7. nobody is known to serve it → local, strict while some member's API set is unknown, else
-///    verified.
+///    verified; while the local server is not ready (or did not answer its last round), a fresh,
+///    reachable peer instead, guarded the same way. The client's connection stays with this
+///    node's Envoy, so without it every such request fails until the local server is back (the
+///    real node: 30 s of Envoy's 503s during a kube-apiserver upgrade, beyond client-go's
+///    retries); through an apiserver with a built-in proxy the client would have reconnected to
+///    another server and got that server's answer.
 pub fn route<'a>(
     req: &RequestFacts<'a>,
     table: Option<&Table>,
@@ -341,7 +348,18 @@ fn serve_or_proxy<'a>(
         // Step 6, upstream's `resolveServingLocation` error: 503.
         return Route::stands(Decision::Unavailable { gvr: subject.gvr });
     }
-    // Step 7, upstream's "gvr %v is not served by anything in this cluster": local.
+    // Step 7, upstream's "gvr %v is not served by anything in this cluster": local, or a peer
+    // while the local server cannot answer.
+    if table.local_mask() & table.unhealthy != 0 {
+        if let Some(index) = pick_peer(table, table.members(), &subject, pick, is_down) {
+            let gvr = subject.gvr.clone();
+            let mode = if incomplete { Mode::Strict } else { Mode::Verified };
+            return Route {
+                decision: Decision::Peer { index, gvr },
+                guard: Some(Guard { mode, subject }),
+            };
+        }
+    }
     Route::local(LocalReason::NotServedAnywhere, incomplete, subject)
 }
 

@@ -35,12 +35,14 @@ impl Default for LocalReady {
     }
 }
 
-/// Whether a probe's answer says the local server is ready. Any answer below 500 does: a server
-/// that refuses the probe itself (401 with anonymous auth off, 403, 404) still serves requests;
-/// Envoy's own 503 (cannot connect), a 5xx of the server (not ready, shutting down), a reset or
-/// no answer in time do not.
+/// Whether a probe's answer says the local server is ready: only a 200 does. A starting
+/// kube-apiserver answers 403 to everyone not in `system:masters` until its authorizer has synced
+/// (the real node: the probe took such a 403 for "ready", and clients got 403s for a second), and
+/// every authenticated identity may read `/readyz` (`system:public-info-viewer`), so a 401 or 403
+/// means this server cannot serve the probe's identity either. Envoy's own 503 (cannot connect),
+/// a 5xx of the server (not ready, shutting down), a reset or no answer in time are not ready either.
 pub fn ready(outcome: &Outcome) -> bool {
-    matches!(outcome, Outcome::Response { status, .. } if *status < 500)
+    matches!(outcome, Outcome::Response { status: 200, .. })
 }
 
 impl Syncer {
@@ -58,13 +60,7 @@ impl Syncer {
         };
         let id = self.next_id;
         self.next_id += 1;
-        let mut headers = vec![
-            (":method".to_string(), "GET".to_string()),
-            (":path".to_string(), READYZ_PATH.to_string()),
-            (":authority".to_string(), self.authority.clone()),
-            ("accept".to_string(), "text/plain".to_string()),
-        ];
-        headers.extend(self.extra_headers.iter().cloned());
+        let headers = self.get_headers(READYZ_PATH, "text/plain", false);
         step.probe = Some(Fetch {
             id,
             cluster: local.reference.cluster.clone(),

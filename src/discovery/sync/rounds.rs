@@ -61,6 +61,24 @@ impl Syncer {
         step.fetches.push(self.fetch(i, "/apis".to_string(), Purpose::ApisRoot));
     }
 
+    /// A GET's headers, the discovery credential's included: one place for the fetches and the
+    /// local readiness probe.
+    pub(super) fn get_headers(&self, path: &str, accept: &str, proxied: bool) -> Vec<(String, String)> {
+        let mut headers = vec![
+            (":method".to_string(), "GET".to_string()),
+            (":path".to_string(), path.to_string()),
+            (":authority".to_string(), self.authority.clone()),
+            ("accept".to_string(), accept.to_string()),
+        ];
+        if proxied {
+            headers.push((PEER_PROXIED_HEADER.to_string(), "true".to_string()));
+        }
+        headers.extend(self.extra_headers.iter().cloned());
+        headers
+    }
+
+    /// A fetch of `path` from `servers[server]`: marked as already proxied, with its cached ETag
+    /// and (lease mode) the peer's address header.
     pub(super) fn fetch(&mut self, server: usize, path: String, purpose: Purpose) -> Fetch {
         let id = self.next_id;
         self.next_id += 1;
@@ -69,14 +87,7 @@ impl Syncer {
         } else {
             DISCOVERY_ACCEPT
         };
-        let mut headers = vec![
-            (":method".to_string(), "GET".to_string()),
-            (":path".to_string(), path.clone()),
-            (":authority".to_string(), self.authority.clone()),
-            ("accept".to_string(), accept.to_string()),
-            (PEER_PROXIED_HEADER.to_string(), "true".to_string()),
-        ];
-        headers.extend(self.extra_headers.iter().cloned());
+        let mut headers = self.get_headers(&path, accept, true);
         let address_header = self.leases.as_ref().map(|l| l.address_header.clone());
         let cluster = match self.servers.get_mut(server) {
             Some(s) => {
