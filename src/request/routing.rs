@@ -163,15 +163,27 @@ impl<'a> Subject<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route<'a> {
     pub decision: Decision<'a>,
-    /// `Strict` for [`Decision::Guarded`] and [`Decision::Peer`] (but a step-7 peer's follows
-    /// step 7), `Verified` for the local decisions noted at [`Decision::Local`], `None` where the
-    /// answer stands.
+    /// `Strict` for [`Decision::Guarded`] and a [`Decision::Peer`] that serves the resource,
+    /// `Verified` for the local decisions noted at [`Decision::Local`] (and step 7's peer while
+    /// every API set is known), `None` where the answer stands.
     pub guard: Option<Guard<'a>>,
 }
 
 impl<'a> Route<'a> {
     fn stands(decision: Decision<'a>) -> Route<'a> {
         Route { decision, guard: None }
+    }
+
+    /// To `servers[index]`; its type-404 is strict when `strict`, else verified.
+    fn peer(index: usize, strict: bool, subject: Subject<'a>) -> Route<'a> {
+        let mode = if strict { Mode::Strict } else { Mode::Verified };
+        Route {
+            decision: Decision::Peer {
+                index,
+                gvr: subject.gvr.clone(),
+            },
+            guard: Some(Guard { mode, subject }),
+        }
     }
 
     /// Local; a type-404 is strict (`Guarded`) when `strict`, else verified.
@@ -332,14 +344,7 @@ fn serve_or_proxy<'a>(
             return Route::local(LocalReason::ServedLocally, strict, subject);
         }
         if let Some(index) = pick_peer(table, servers, &subject, pick, is_down) {
-            let gvr = subject.gvr.clone();
-            return Route {
-                decision: Decision::Peer { index, gvr },
-                guard: Some(Guard {
-                    mode: Mode::Strict,
-                    subject,
-                }),
-            };
+            return Route::peer(index, true, subject);
         }
         // Step 5: the local server is known to serve it, though it did not answer its last round.
         if servers & local != 0 {
@@ -350,14 +355,9 @@ fn serve_or_proxy<'a>(
     }
     // Step 7, upstream's "gvr %v is not served by anything in this cluster": local, or a peer
     // while the local server cannot answer.
-    if table.local_mask() & table.unhealthy != 0 {
+    if !local_answers(table) {
         if let Some(index) = pick_peer(table, table.members(), &subject, pick, is_down) {
-            let gvr = subject.gvr.clone();
-            let mode = if incomplete { Mode::Strict } else { Mode::Verified };
-            return Route {
-                decision: Decision::Peer { index, gvr },
-                guard: Some(Guard { mode, subject }),
-            };
+            return Route::peer(index, incomplete, subject);
         }
     }
     Route::local(LocalReason::NotServedAnywhere, incomplete, subject)
@@ -367,7 +367,12 @@ fn serve_or_proxy<'a>(
 /// data is trusted only while it answers: right after it restarts (perhaps as another version) its
 /// old data may claim resources it no longer serves.
 fn serves_locally(table: &Table, servers: u64) -> bool {
-    servers & table.local_mask() & !table.unhealthy != 0
+    servers & table.local_mask() != 0 && local_answers(table)
+}
+
+/// The local server answered its last round and its last readiness probe.
+fn local_answers(table: &Table) -> bool {
+    table.local_mask() & table.unhealthy == 0
 }
 
 /// Step 4, upstream's `findServiceableByPeerFromPeerDiscoveryCache` then `rand.Intn`: a random one
